@@ -1,0 +1,135 @@
+"""The command line: ``stfs mount|unmount|info|check``. ``main(argv) -> int``; one top-level error handler."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from . import __version__, errors
+from .model import InvalidModel, discover, load
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"stfs {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stfs", description="Mount safetensors models: every tensor a file.")
+    _common(parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    mount = commands.add_parser("mount", help="mount a model, index or folder of models read-only")
+    _common(mount)
+    mount.add_argument("source", metavar="SOURCE", help="x.safetensors, x.safetensors.index.json or a folder")
+    mount.add_argument("mountpoint", metavar="MNT", help="an existing empty folder")
+    mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    mount.add_argument("-o", dest="options", action="append", default=[], metavar="OPT,...",
+                       help="FUSE mount options, e.g. allow_other")
+    mount.add_argument("--layout", choices=("nested", "flat"), default="nested",
+                       help="tensors/ as folders split at dots (nested, default) or one file per name (flat)")
+    mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
+    mount.add_argument("--max-open-files", type=int, default=256, metavar="N",
+                       help="source files kept open at once (default 256)")
+
+    unmount = commands.add_parser("unmount", help="unmount, also a mount whose daemon died")
+    _common(unmount)
+    unmount.add_argument("mountpoint", metavar="MNT")
+    unmount.add_argument("-z", "--lazy", action="store_true", help="detach now even if busy")
+
+    info = commands.add_parser("info", help="tensor table, per-dtype counts and totals from headers")
+    _common(info)
+    info.add_argument("sources", nargs="+", metavar="SOURCE")
+    info.add_argument("--json", action="store_true", help="print JSON")
+
+    check = commands.add_parser("check", help="validate; one line per problem; exit 0 only if all are valid")
+    _common(check)
+    check.add_argument("sources", nargs="+", metavar="SOURCE")
+    return parser
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from .daemon import default_log_file, plan_mount, run_background, run_foreground
+
+    plan = plan_mount(args.source, args.mountpoint, args.layout, args.options, args.max_open_files)
+    for warning in plan.warnings:
+        print(f"stfs: warning: {warning}", file=sys.stderr)
+    if args.foreground:
+        run_foreground(plan, debug=args.debug)
+    else:
+        run_background(plan, args.log_file or default_log_file(plan.mountpoint))
+    return EXIT_OK
+
+
+def cmd_unmount(args: argparse.Namespace) -> int:
+    from .daemon import unmount
+
+    unmount(args.mountpoint, lazy=args.lazy)
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .info import render_json, render_table, summarize
+
+    models = [load(source) for path in args.sources for source in discover(path)]
+    for model in models:
+        for warning in model.warnings:
+            print(f"stfs: warning: {warning}", file=sys.stderr)
+    report = summarize(models)
+    print(render_json(report) if args.json else render_table(report))
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    problems = 0
+    checked = 0
+    for path in args.sources:
+        try:
+            sources = discover(path)
+        except errors.StfsError as exc:
+            print(exc.message)
+            problems += 1
+            continue
+        for source in sources:
+            checked += 1
+            try:
+                model = load(source)
+            except InvalidModel as exc:
+                for problem in exc.problems:
+                    print(problem.message)
+                problems += len(exc.problems)
+                continue
+            except errors.StfsError as exc:
+                print(exc.message)
+                problems += 1
+                continue
+            for warning in model.warnings:
+                print(f"warning: {warning}")
+            print(f"{model.path}: ok ({len(model.tensors)} tensors)")
+    return EXIT_OK if problems == 0 else EXIT_INVALID
+
+
+COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="stfs: %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except errors.StfsError as exc:
+        if args.debug:
+            raise
+        print(f"stfs: {exc.message}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""Mounting and unmounting: validate, build the tree, serve in the background, report readiness."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from . import errors
+from .model import Model, resolve
+from .source import Expectation, LocalFiles
+from .tree import Tree, TreeError, build_tree
+
+log = logging.getLogger("stfs")
+
+READY_TIMEOUT = 60.0
+DEFAULT_OPTIONS = {
+    "ro": True,
+    "kernel_cache": True,  # the tree never changes: re-reads and other processes' reads stay in the kernel
+    "attr_timeout": 86400,
+    "entry_timeout": 86400,
+    "negative_timeout": 86400,
+    "use_ino": True,
+    "subtype": "stfs",
+}
+
+
+@dataclass
+class MountPlan:
+    """Everything decided before anything is mounted."""
+
+    source: str
+    mountpoint: str
+    tree: Tree
+    files: LocalFiles
+    options: dict[str, object] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def parse_options(text_options: list[str]) -> dict[str, object]:
+    """``-o a,b=c`` values into mfusepy keyword options."""
+    options: dict[str, object] = {}
+    for text in text_options:
+        for item in filter(None, text.split(",")):
+            key, sep, value = item.partition("=")
+            options[key] = value if sep else True
+    return options
+
+
+def plan_mount(source: str, mountpoint: str, layout: str = "nested", options: list[str] | None = None,
+               max_open_files: int = 256) -> MountPlan:
+    """Validate SOURCE and MOUNTPOINT and build the tree; raise ``StfsError`` on any problem."""
+    mountpoint = os.path.abspath(mountpoint)
+    check_mountpoint(mountpoint)
+    models = resolve(source)
+    try:
+        tree = build_tree(models, layout)
+    except TreeError as exc:
+        raise errors.SourceError(str(exc)) from None
+    merged = {**DEFAULT_OPTIONS, "fsname": _fsname(source), **parse_options(options or [])}
+    if merged.get("allow_other"):
+        merged["default_permissions"] = True  # with other users in, the kernel enforces the 0444/0555 modes
+    return MountPlan(
+        source=os.path.abspath(source),
+        mountpoint=mountpoint,
+        tree=tree,
+        files=LocalFiles(_expectations(models), max_open=max_open_files),
+        options=merged,
+        warnings=[warning for model in models for warning in model.warnings],
+    )
+
+
+def _fsname(source: str) -> str:
+    # commas would split the -o list; keep the name readable in `mount` output
+    return os.path.abspath(source).replace(",", "_")
+
+
+def _expectations(models: list[Model]) -> dict[str, Expectation]:
+    return {
+        shard.header.path: Expectation(header_length=shard.header.header_length, digest=shard.header.digest)
+        for model in models
+        for shard in model.shards
+    }
+
+
+def check_mountpoint(mountpoint: str) -> None:
+    if not os.path.exists(mountpoint):
+        if _is_dead_mount(mountpoint):
+            raise errors.MountError(f"{mountpoint}: a dead stfs mount is still there; run `stfs unmount {mountpoint}`")
+        raise errors.MountError(f"{mountpoint}: mountpoint does not exist")
+    if not os.path.isdir(mountpoint):
+        raise errors.MountError(f"{mountpoint}: mountpoint is not a directory")
+    if os.path.ismount(mountpoint):
+        raise errors.MountError(f"{mountpoint}: something is already mounted there")
+
+
+def _is_dead_mount(mountpoint: str) -> bool:
+    try:
+        os.stat(mountpoint)
+    except OSError as exc:
+        return exc.errno == 107  # ENOTCONN: "Transport endpoint is not connected"
+    return False
+
+
+def default_log_file(mountpoint: str) -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/stfs-{os.getuid()}"
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    return os.path.join(base, "stfs" + os.path.abspath(mountpoint).replace("/", "%") + ".log")
+
+
+def run_foreground(plan: MountPlan, debug: bool = False) -> None:
+    """Serve ``plan`` in this process until it is unmounted or sent SIGTERM/SIGINT."""
+    from .fs import StfsOperations, serve  # libfuse is loaded only by the commands that mount
+
+    operations = StfsOperations(plan.tree, plan.files, on_ready=lambda: _tune_readahead(plan.mountpoint))
+    serve(operations, plan.mountpoint, foreground=True, debug=debug, **plan.options)
+
+
+def run_background(plan: MountPlan, log_file: str) -> int:
+    """Fork a daemon that serves ``plan``; return its PID once the mount is ready, or raise ``MountError``."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()  # before any thread exists: libfuse starts its threads in the child
+    if pid == 0:
+        os.close(read_end)
+        _daemon_main(plan, log_file, write_end)
+    os.close(write_end)
+    message = _wait_for_ready(read_end, pid)
+    os.close(read_end)
+    if message != "ok":
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        raise errors.MountError(f"{plan.mountpoint}: mount failed: {message} (log: {log_file})")
+    return pid
+
+
+def _wait_for_ready(read_end: int, pid: int) -> str:
+    deadline = time.monotonic() + READY_TIMEOUT
+    received = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([read_end], [], [], 0.1)
+        if ready:
+            chunk = os.read(read_end, 4096)
+            if not chunk:
+                break
+            received += chunk
+            if received.endswith(b"\n"):
+                break
+    text = received.decode("utf-8", "replace").strip()
+    if not text:
+        return "the daemon exited before the mount was ready" if received == b"" else "no answer"
+    return text
+
+
+def _daemon_main(plan: MountPlan, log_file: str, ready_fd: int) -> None:
+    status = 1
+    try:
+        os.setsid()
+        _redirect_output(log_file)
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s", force=True
+        )
+        from .fs import StfsOperations, serve
+
+        def report_ready() -> None:
+            _tune_readahead(plan.mountpoint)
+            os.write(ready_fd, b"ok\n")
+            os.close(ready_fd)
+            log.info("serving %s at %s", plan.source, plan.mountpoint)
+
+        operations = StfsOperations(plan.tree, plan.files, on_ready=report_ready)
+        serve(operations, plan.mountpoint, foreground=True, **plan.options)
+        status = 0
+    except BaseException as exc:  # the parent must hear why, whatever happened
+        log.exception("daemon failed")
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, f"{type(exc).__name__}: {exc}\n".encode())
+    finally:
+        logging.shutdown()
+        os._exit(status)
+
+
+def _redirect_output(log_file: str) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(devnull)
+    os.close(log_fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _tune_readahead(mountpoint: str) -> None:
+    """Ask for 1 MiB kernel readahead on the mount (1 MiB FUSE requests); quietly skipped when not root."""
+    device = _mount_device(mountpoint)
+    if device is None:
+        return
+    path = f"/sys/class/bdi/{device}/read_ahead_kb"
+    try:
+        with open(path, "w") as stream:
+            stream.write("1024")
+    except OSError as exc:
+        log.debug("cannot set %s: %s", path, exc)
+
+
+def _mount_device(mountpoint: str) -> str | None:
+    """The "major:minor" of the newest mount at ``mountpoint``, from /proc/self/mountinfo."""
+    device = None
+    try:
+        with open("/proc/self/mountinfo") as stream:
+            for line in stream:
+                fields = line.split()
+                if len(fields) > 4 and _unescape_mountinfo(fields[4]) == mountpoint:
+                    device = fields[2]
+    except OSError:
+        return None
+    return device
+
+
+def _unescape_mountinfo(text: str) -> str:
+    return text.encode().decode("unicode_escape") if "\\" in text else text
+
+
+def unmount(mountpoint: str, lazy: bool = False) -> None:
+    """Unmount MOUNTPOINT, including a mount whose daemon died; raise ``MountError`` with advice if busy."""
+    mountpoint = os.path.abspath(mountpoint)
+    if not os.path.ismount(mountpoint) and not _is_dead_mount(mountpoint):
+        raise errors.MountError(f"{mountpoint}: not mounted")
+    command = [_fusermount(), "-u", *(["-z"] if lazy else []), mountpoint]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
+        if "busy" in detail.lower():
+            raise errors.MountError(
+                f"{mountpoint}: mount is busy (a process has a file or folder open there); close it, "
+                f"or run `stfs unmount --lazy {mountpoint}` to detach it now and finish when it is released"
+            )
+        raise errors.MountError(f"{mountpoint}: unmount failed: {detail}")
+    deadline = time.monotonic() + 10
+    while os.path.ismount(mountpoint) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _fusermount() -> str:
+    for name in ("fusermount3", "fusermount"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise errors.MountError("neither fusermount3 nor fusermount is installed (Debian: apt-get install fuse3)")
+
+
+@contextlib.contextmanager
+def mounted(source: str, mountpoint: str, layout: str = "nested", options: list[str] | None = None,
+            timeout: float = READY_TIMEOUT) -> Iterator[str]:
+    """Mount SOURCE at MOUNTPOINT in a child process for the ``with`` block; always unmount after it."""
+    command = [sys.executable, "-m", "stfs", "mount", source, mountpoint, "-f", "--layout", layout]
+    for option in options or []:
+        command += ["-o", option]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not os.path.ismount(mountpoint):
+            if process.poll() is not None:
+                raise errors.MountError(f"{mountpoint}: mount failed: {process.stderr.read().strip()}")
+            if time.monotonic() > deadline:
+                raise errors.MountError(f"{mountpoint}: not mounted after {timeout} s")
+            time.sleep(0.1)
+        yield os.path.abspath(mountpoint)
+    finally:
+        if os.path.ismount(mountpoint) or _is_dead_mount(mountpoint):
+            with contextlib.suppress(errors.MountError):
+                unmount(mountpoint)
+            if os.path.ismount(mountpoint):
+                with contextlib.suppress(errors.MountError):
+                    unmount(mountpoint, lazy=True)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

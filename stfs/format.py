@@ -1,0 +1,260 @@
+"""The safetensors file format: read a header and enforce every rule of SPEC §4.
+
+Pure: two positioned reads of the file (the 8-byte length, then the JSON
+header), never the data section; no FUSE here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import errors
+
+MAX_HEADER_LENGTH = 100_000_000
+U64_MAX = 2**64 - 1
+
+# The 22 dtypes of safetensors 0.8 and their widths in bits.
+DTYPE_BITS: Mapping[str, int] = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor of a header; ``begin``/``end`` are relative to the data section."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def parameters(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A validated safetensors header of the file at ``path``."""
+
+    path: str
+    header_length: int
+    json_length: int  # header bytes less trailing padding
+    file_size: int
+    mtime_ns: int
+    tensors: tuple[TensorEntry, ...]  # in the order the header lists them
+    metadata: Mapping[str, str]
+    digest: bytes  # of the header bytes, to notice a file replaced under a mount
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_length
+
+    @property
+    def data_size(self) -> int:
+        return self.file_size - self.data_start
+
+
+def read_header(path: str) -> Header:
+    """Read and validate the header of the safetensors file at ``path``."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise errors.UnreadableFile(f"{path}: cannot open: {exc.strerror}") from exc
+    try:
+        stat = os.fstat(fd)
+        head = _pread_exact(fd, 8, 0, path)
+        if len(head) < 8:
+            raise errors.HeaderTooSmall(path, f"file is {stat.st_size} bytes, fewer than the 8 of the length prefix")
+        (length,) = struct.unpack("<Q", head)
+        if length > MAX_HEADER_LENGTH:
+            raise errors.HeaderTooLarge(path, f"header length {length} exceeds the limit of {MAX_HEADER_LENGTH}")
+        if 8 + length > stat.st_size:
+            raise errors.InvalidHeaderLength(
+                path, f"header length {length} runs past the end of the {stat.st_size}-byte file"
+            )
+        raw = _pread_exact(fd, length, 8, path)
+    finally:
+        os.close(fd)
+    return parse_header(raw, path=path, file_size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+
+
+def _pread_exact(fd: int, size: int, offset: int, path: str) -> bytes:
+    chunks = []
+    while size > 0:
+        try:
+            chunk = os.pread(fd, min(size, 1 << 30), offset)
+        except OSError as exc:
+            raise errors.UnreadableFile(f"{path}: cannot read: {exc.strerror}") from exc
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) -> Header:
+    """Validate header bytes ``raw`` (without the length prefix) of a ``file_size``-byte file."""
+    if not raw.startswith(b"{"):
+        raise errors.InvalidHeaderStart(path, "header does not begin with '{'")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise errors.InvalidHeaderUtf8(path, f"header is not UTF-8 (byte {exc.start})") from exc
+    document = _load_json(text, path)
+    if not isinstance(document, dict):
+        raise errors.InvalidHeaderDeserialization(path, "header is not a JSON object")
+
+    metadata = _check_metadata(document.pop("__metadata__", None), path)
+    entries = tuple(_check_tensor(name, info, path) for name, info in document.items())
+    _check_layout(entries, path, data_size=file_size - 8 - len(raw))
+    return Header(
+        path=path,
+        header_length=len(raw),
+        json_length=len(raw.rstrip(b" ")),
+        file_size=file_size,
+        mtime_ns=mtime_ns,
+        tensors=entries,
+        metadata=metadata,
+        digest=header_digest(raw),
+    )
+
+
+def header_digest(raw: bytes) -> bytes:
+    """A short digest of header bytes, compared to tell whether a file still has the header it was mounted with."""
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return result
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _load_json(text: str, path: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicates)
+    except _DuplicateKey as exc:
+        raise errors.InvalidHeaderDeserialization(path, f"duplicate key {exc.args[0]!r}") from None
+    except RecursionError:
+        raise errors.InvalidHeaderDeserialization(path, "JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+        detail = str(exc).splitlines()[0][:200]
+        raise errors.InvalidHeaderDeserialization(path, f"invalid JSON: {detail}") from None
+
+
+def _check_metadata(value: Any, path: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise errors.InvalidMetadata(path, "__metadata__ is not a JSON object")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise errors.InvalidMetadata(path, f"__metadata__ value of {key!r} is not a string")
+    return value
+
+
+def _is_u64(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= U64_MAX
+
+
+def _check_tensor(name: str, info: Any, path: str) -> TensorEntry:
+    if not isinstance(info, dict):
+        raise errors.InvalidTensorInfo(path, "tensor info is not a JSON object", name)
+    dtype = info.get("dtype")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise errors.InvalidTensorInfo(path, f"unknown dtype {_short(dtype)}", name)
+    shape = info.get("shape")
+    if not isinstance(shape, list) or not all(_is_u64(dim) for dim in shape):
+        raise errors.InvalidTensorInfo(path, f"shape {_short(shape)} is not a list of non-negative integers", name)
+    offsets = info.get("data_offsets")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_u64(o) for o in offsets):
+        raise errors.InvalidTensorInfo(
+            path, f"data_offsets {_short(offsets)} is not two non-negative integers", name
+        )
+    begin, end = offsets
+
+    elements = 1
+    for dim in shape:
+        elements *= dim
+        if elements > U64_MAX:
+            raise errors.ValidationOverflow(path, f"element count of shape {_short(shape)} overflows 64 bits", name)
+    bits = elements * DTYPE_BITS[dtype]
+    if bits > U64_MAX:
+        raise errors.ValidationOverflow(path, f"bit count of {elements} x {dtype} overflows 64 bits", name)
+    if bits % 8:
+        raise errors.MisalignedSlice(path, f"{elements} elements of {dtype} are {bits} bits, not whole bytes", name)
+    if begin > end:
+        raise errors.InvalidOffset(path, f"data_offsets [{begin}, {end}] end before they begin", name)
+    if end - begin != bits // 8:
+        raise errors.TensorInvalidInfo(
+            path, f"data_offsets span {end - begin} bytes but {dtype}{list(shape)} needs {bits // 8}", name
+        )
+    return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
+
+
+def _check_layout(entries: tuple[TensorEntry, ...], path: str, data_size: int) -> None:
+    position = 0
+    for entry in sorted(entries, key=lambda e: (e.begin, e.end)):
+        if entry.begin != position:
+            kind = "gap before" if entry.begin > position else "overlap at"
+            raise errors.InvalidOffset(
+                path, f"{kind} data_offsets [{entry.begin}, {entry.end}]: previous tensor ends at {position}", entry.name
+            )
+        position = entry.end
+    if position != data_size:
+        raise errors.MetadataIncompleteBuffer(
+            path, f"tensors end at byte {position} of the data but the data section is {data_size} bytes"
+        )
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 8:
+        return json.dumps(value[:8], default=str)[:-1] + ", ...]"
+    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."

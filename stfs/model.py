@@ -1,0 +1,285 @@
+"""Models: a SOURCE (file, index, directory) resolved into tensors with their source bytes.
+
+Data flows from ``format`` (one file's header) to here (a model made of one
+or many files); nothing here knows about paths in the mounted tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from . import errors
+from .format import Header, read_header
+
+MODEL_SUFFIX = ".safetensors"
+INDEX_SUFFIX = ".safetensors.index.json"
+MAX_INDEX_LENGTH = 100_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A tensor of a model: its bytes are ``size`` bytes of ``file`` at absolute ``offset``."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+    offset: int
+    size: int
+    shard: str | None = None
+
+    @property
+    def parameters(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One file of a sharded set, ``name`` spelled as the index's ``weight_map`` spells it."""
+
+    name: str
+    header: Header
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Where a model lives, before its headers are read: ``name`` is its folder in a multi-model mount."""
+
+    name: str
+    path: str
+
+    @property
+    def is_index(self) -> bool:
+        return self.path.endswith(".index.json")
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A validated model: a single file (one shard, no index) or a sharded set."""
+
+    name: str
+    path: str
+    tensors: tuple[Tensor, ...]
+    metadata: Mapping[str, str]
+    shards: tuple[Shard, ...]
+    index_path: str | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.index_path is not None
+
+    @property
+    def data_size(self) -> int:
+        return sum(t.size for t in self.tensors)
+
+
+class InvalidModel(errors.StfsError):
+    """Several problems in one model; ``problems`` holds one error per problem."""
+
+    def __init__(self, problems: list[errors.StfsError]) -> None:
+        self.problems = problems
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(f"{problems[0]}{more}")
+
+
+def discover(source: str) -> list[ModelSource]:
+    """The models SOURCE names (SPEC §1), without reading any safetensors header."""
+    source = os.path.abspath(source)
+    if os.path.isdir(source):
+        return _discover_directory(source)
+    if os.path.isfile(source):
+        return [ModelSource(name="", path=source)]
+    if os.path.lexists(source):
+        raise errors.SourceError(f"{source}: not a file or a directory")
+    raise errors.SourceError(f"{source}: no such file or directory")
+
+
+def _discover_directory(root: str) -> list[ModelSource]:
+    indexes: list[str] = []
+    files: list[str] = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders.sort()
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            if name.endswith(INDEX_SUFFIX):
+                indexes.append(path)
+            elif name.endswith(MODEL_SUFFIX) and os.path.isfile(path):
+                files.append(path)
+    shard_paths: set[str] = set()
+    for index in indexes:
+        weight_map = _read_weight_map(index)
+        shard_paths.update(_shard_path(index, shard) for shard in set(weight_map.values()))
+    models = [path for path in sorted(indexes + files) if path not in shard_paths]
+    if not models:
+        raise errors.SourceError(f"{root}: no {MODEL_SUFFIX} file or {INDEX_SUFFIX} found")
+    if len(models) == 1:
+        return [ModelSource(name="", path=models[0])]
+    result = [ModelSource(name=_model_name(os.path.relpath(path, root)), path=path) for path in models]
+    seen: dict[str, str] = {}
+    for model in result:
+        if model.name in seen:
+            raise errors.SourceError(f"{model.path}: model name {model.name!r} is also taken by {seen[model.name]}")
+        seen[model.name] = model.path
+    return result
+
+
+def _model_name(relative: str) -> str:
+    for suffix in (INDEX_SUFFIX, MODEL_SUFFIX):
+        if relative.endswith(suffix):
+            return relative[: -len(suffix)]
+    return relative
+
+
+def load(source: ModelSource) -> Model:
+    """Read and check every header of ``source``; raise on the first broken rule (all shards are checked)."""
+    if source.is_index:
+        return _load_sharded(source)
+    header = read_header(source.path)
+    shard = Shard(name=os.path.basename(source.path), header=header)
+    return Model(
+        name=source.name,
+        path=source.path,
+        tensors=tuple(_tensors_of(shard, sharded=False)),
+        metadata=header.metadata,
+        shards=(shard,),
+    )
+
+
+def resolve(source: str) -> list[Model]:
+    """Every model of SOURCE, validated (SPEC §1 and §4)."""
+    return [load(model_source) for model_source in discover(source)]
+
+
+def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
+    header = shard.header
+    for entry in header.tensors:
+        yield Tensor(
+            name=entry.name,
+            dtype=entry.dtype,
+            shape=entry.shape,
+            file=header.path,
+            offset=header.data_start + entry.begin,
+            size=entry.size,
+            shard=shard.name if sharded else None,
+        )
+
+
+def _read_index(index: str) -> dict:
+    try:
+        with open(index, "rb") as stream:
+            raw = stream.read(MAX_INDEX_LENGTH + 1)
+    except OSError as exc:
+        raise errors.InvalidIndex(f"{index}: cannot read index: {exc.strerror}") from exc
+    if len(raw) > MAX_INDEX_LENGTH:
+        raise errors.InvalidIndex(f"{index}: index is larger than {MAX_INDEX_LENGTH} bytes")
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise errors.InvalidIndex(f"{index}: index is not valid JSON: {detail}") from None
+    if not isinstance(document, dict):
+        raise errors.InvalidIndex(f"{index}: index is not a JSON object")
+    return document
+
+
+def _read_weight_map(index: str) -> dict[str, str]:
+    weight_map = _read_index(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise errors.InvalidIndex(f"{index}: index has no weight_map of tensor name -> shard file")
+    for shard in set(weight_map.values()):
+        parts = shard.replace("\\", "/").split("/")
+        if os.path.isabs(shard) or ".." in parts or not shard:
+            raise errors.InvalidIndex(f"{index}: shard {shard!r} is not a path inside the index's folder")
+    return weight_map
+
+
+def _shard_path(index: str, shard: str) -> str:
+    return os.path.normpath(os.path.join(os.path.dirname(index), shard))
+
+
+def _load_sharded(source: ModelSource) -> Model:
+    index = source.path
+    weight_map = _read_weight_map(index)
+    document = _read_index(index)
+    problems: list[errors.StfsError] = []
+    shards: list[Shard] = []
+    for shard_name in dict.fromkeys(weight_map.values()):  # first-appearance order, no repeats
+        path = _shard_path(index, shard_name)
+        if not os.path.isfile(path):
+            problems.append(errors.MissingShard(f"{index}: shard {shard_name!r} named by weight_map is missing"))
+            continue
+        try:
+            shards.append(Shard(name=shard_name, header=read_header(path)))
+        except errors.StfsError as exc:
+            problems.append(exc)
+    if problems:
+        raise InvalidModel(problems)
+
+    warnings: list[str] = []
+    owner: dict[str, str] = {}
+    tensors: list[Tensor] = []
+    for shard in shards:
+        for tensor in _tensors_of(shard, sharded=True):
+            if tensor.name in owner:
+                problems.append(
+                    errors.DuplicateTensor(
+                        f"{index}: tensor {tensor.name!r} is in both {owner[tensor.name]!r} and {shard.name!r}"
+                    )
+                )
+                continue
+            owner[tensor.name] = shard.name
+            tensors.append(tensor)
+            if tensor.name not in weight_map:
+                warnings.append(f"{shard.header.path}: tensor {tensor.name!r} is not named by the index {index}")
+    for name, shard_name in weight_map.items():
+        if owner.get(name) != shard_name:
+            where = f"; it is in {owner[name]!r}" if name in owner else ""
+            problems.append(
+                errors.TensorNotInShard(f"{index}: tensor {name!r} is mapped to shard {shard_name!r}, which lacks it{where}")
+            )
+    if problems:
+        raise InvalidModel(problems)
+
+    total = sum(t.size for t in tensors)
+    declared = document.get("metadata", {}).get("total_size") if isinstance(document.get("metadata"), dict) else None
+    if declared is not None and declared != total:
+        warnings.append(f"{index}: metadata.total_size is {declared} but the shards hold {total} bytes of tensors")
+
+    metadata: dict[str, str] = {}
+    for shard in shards:
+        for key, value in shard.header.metadata.items():
+            metadata.setdefault(key, value)
+    return Model(
+        name=source.name,
+        path=index,
+        tensors=tuple(tensors),
+        metadata=metadata,
+        shards=tuple(shards),
+        index_path=index,
+        warnings=tuple(warnings),
+    )
+
+
+def merged_header(model: Model) -> bytes:
+    """A sharded set's header.json: one object in the safetensors schema plus a ``file`` per tensor (SPEC §2)."""
+    document: dict[str, object] = {}
+    if model.metadata:
+        document["__metadata__"] = dict(model.metadata)
+    for shard in model.shards:
+        for entry in shard.header.tensors:
+            if entry.name in document:
+                continue
+            document[entry.name] = {
+                "dtype": entry.dtype,
+                "shape": list(entry.shape),
+                "data_offsets": [entry.begin, entry.end],
+                "file": shard.name,
+            }
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
