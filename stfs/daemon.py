@@ -9,8 +9,9 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from . import errors
@@ -119,7 +120,7 @@ def run_foreground(plan: MountPlan, debug: bool = False) -> None:
     """Serve ``plan`` in this process until it is unmounted or sent SIGTERM/SIGINT."""
     from .fs import StfsOperations, serve  # libfuse is loaded only by the commands that mount
 
-    operations = StfsOperations(plan.tree, plan.files, on_ready=lambda: _tune_readahead(plan.mountpoint))
+    operations = StfsOperations(plan.tree, plan.files, on_ready=lambda: _after_init(plan.mountpoint, lambda: None))
     serve(operations, plan.mountpoint, foreground=True, debug=debug, **plan.options)
 
 
@@ -169,12 +170,11 @@ def _daemon_main(plan: MountPlan, log_file: str, ready_fd: int) -> None:
         from .fs import StfsOperations, serve
 
         def report_ready() -> None:
-            _tune_readahead(plan.mountpoint)
             os.write(ready_fd, b"ok\n")
             os.close(ready_fd)
             log.info("serving %s at %s", plan.source, plan.mountpoint)
 
-        operations = StfsOperations(plan.tree, plan.files, on_ready=report_ready)
+        operations = StfsOperations(plan.tree, plan.files, on_ready=lambda: _after_init(plan.mountpoint, report_ready))
         serve(operations, plan.mountpoint, foreground=True, **plan.options)
         status = 0
     except BaseException as exc:  # the parent must hear why, whatever happened
@@ -196,6 +196,25 @@ def _redirect_output(log_file: str) -> None:
     os.close(log_fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _after_init(mountpoint: str, then: Callable[[], None]) -> None:
+    """Once the kernel has taken libfuse's INIT reply, tune readahead, then call ``then`` (in a thread of its own).
+
+    Called from the init callback, which runs before libfuse replies to INIT; the kernel then
+    clamps the mount's readahead to what INIT negotiated (128 KiB), undoing anything written
+    earlier. A stat of the mountpoint blocks until INIT is done (and this daemon serves it).
+    """
+
+    def run() -> None:
+        try:
+            os.stat(mountpoint)
+            _tune_readahead(mountpoint)
+        except OSError as exc:
+            log.warning("cannot tune readahead of %s: %s", mountpoint, exc)
+        then()
+
+    threading.Thread(target=run, name="stfs-ready", daemon=True).start()
 
 
 def _tune_readahead(mountpoint: str) -> None:

@@ -16,6 +16,7 @@ import mfusepy  # noqa: E402
 from mfusepy import FuseOSError, Operations  # noqa: E402
 
 from .source import ByteSource  # noqa: E402
+from .stats import Stats, from_environment  # noqa: E402
 from .tree import DirNode, FileNode, Node, Tree, file_mode
 
 log = logging.getLogger(__name__)
@@ -196,15 +197,34 @@ class StfsOperations(Operations):
 class StfsFUSE(mfusepy.FUSE):
     """mfusepy's FUSE with a read callback that fills libfuse's buffer in place (one copy, no ``bytes``)."""
 
+    def __init__(self, operations: StfsOperations, mountpoint: str, stats: Stats | None = None, **options: Any) -> None:
+        self.stats = stats
+        super().__init__(operations, mountpoint, **options)  # serves until unmounted
+
+    def _wrapper(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.stats is not None:
+            self.stats.count_call(func.__name__)
+        return super()._wrapper(func, *args, **kwargs)
+
     def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
         fh = fip.contents.fh
         address = ctypes.cast(buf, ctypes.c_void_p).value
         view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
         decoded = None if path is None else path.decode(self.encoding, self.errors)
-        return self.operations.read_into(decoded, view, offset, fh)
+        count = self.operations.read_into(decoded, view, offset, fh)
+        if self.stats is not None:
+            self.stats.count_read(size, count)
+        return count
 
 
 def serve(operations: StfsOperations, mountpoint: str, foreground: bool = True, **options: Any) -> None:
-    """Run the filesystem until it is unmounted (blocks)."""
-    StfsFUSE(operations, mountpoint, foreground=foreground, **options)
+    """Run the filesystem until it is unmounted (blocks); ``STFS_STATS`` turns on request counters."""
+    stats = from_environment()
+    if stats is not None:
+        stats.dump_on_sigusr1()
+    try:
+        StfsFUSE(operations, mountpoint, stats=stats, foreground=foreground, **options)
+    finally:
+        if stats is not None:
+            stats.dump()
 

@@ -1,0 +1,593 @@
+#!/usr/bin/env python3
+"""Benchmark stfs against the source it serves; print a table and write JSON.
+
+    python3 scripts/bench.py [--data DIR] [--out bench-results.json] [--runs 3]
+
+Runs the stfs of this checkout (``python -m stfs`` with this repository first
+on PYTHONPATH). Needs root for nothing, but /dev/fuse, fusermount3, dd, find
+and fincore; reads and writes only under --data (default /tmp/stfs-bench),
+where it generates the models once and keeps them (``--clean`` removes them).
+
+Sections (each figure the median of --runs; every cold figure on a fresh mount):
+
+  direct    dd bs=1M of the tensor's byte range straight from the source (page cache warm)
+  first     dd bs=1M of the tensor file on a fresh mount (source warm), daemon read requests
+  reread    dd again on the same mount: served from the mount's page cache
+  copies    two processes numpy.memmap the tensor and touch every page, source dropped
+            from the page cache first: growth of Cached / tensor size, each reader's Pss/Rss
+  latency   20,000 random 4 KiB preads (POSIX_FADV_RANDOM: one request per page) on a
+            fresh mount, and the same offsets on the source
+  mount     `stfs mount` until ready for 300 / 10,000 / 100,000 tensors next to
+            safetensors.safe_open(path).keys(); daemon RssAnon; `find MNT -type f | wc -l`
+
+Daemon request counts come from STFS_STATS (see stfs/stats.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 1 << 20
+PAGE = 4096
+SMALL_TENSOR = 1000  # bytes before the big tensor: its offset is 8 + header + 1000, not page-aligned
+
+TARGETS = {
+    "first_ratio": (">=", 0.25),
+    "first_request_bytes": (">=", MIB),
+    "reread_ratio": (">=", 0.6),
+    "reread_daemon_reads": ("<=", 0),
+    "copies_cached_growth": ("<=", 1.1),
+    "latency_p50_us": ("<=", 18.0),
+    "mount_300_s": ("<=", 0.1),
+    "mount_100000_s": ("<=", 2.0),
+    "mount_100000_vs_safe_open": ("<=", 3.0),
+    "find_100000_s": ("<=", 3.0),
+}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ, LC_ALL="C")
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def stfs_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "stfs", *args]
+
+
+def dd_seconds(path: str, skip: int = 0, count: int | None = None) -> float:
+    """Seconds dd reports for copying the range to /dev/null with 1 MiB blocks."""
+    command = ["dd", f"if={path}", "of=/dev/null", "bs=1M"]
+    if skip or count is not None:
+        command.append("iflag=skip_bytes,count_bytes")
+        command.append(f"skip={skip}")
+        if count is not None:
+            command.append(f"count={count}")
+    result = subprocess.run(command, capture_output=True, text=True, env=environment(), check=True)
+    match = re.search(r"copied, ([0-9.e+-]+) s", result.stderr)
+    if not match:
+        raise RuntimeError(f"cannot parse dd output: {result.stderr!r}")
+    return float(match.group(1))
+
+
+def drop_from_page_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def warm(path: str) -> None:
+    with open(path, "rb", buffering=0) as stream:
+        while stream.read(8 * MIB):
+            pass
+
+
+def resident_bytes(path: str) -> int | None:
+    """Bytes of ``path`` in the page cache (fincore), or None if unknown."""
+    if shutil.which("fincore") is None:
+        return None
+    result = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
+                            capture_output=True, text=True)
+    try:
+        return int(result.stdout.split()[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def meminfo_kib(field: str) -> int:
+    with open("/proc/meminfo") as stream:
+        for line in stream:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def proc_fields(pid: int, name: str) -> dict[str, int]:
+    """``kB`` fields of /proc/PID/status or smaps_rollup, in bytes."""
+    values: dict[str, int] = {}
+    with open(f"/proc/{pid}/{name}") as stream:
+        for line in stream:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] == "kB":
+                values[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    return values
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+def write_model(path: str, tensors: list[tuple[str, str, list[int], int]], fill: Callable[[Any, int], None]) -> int:
+    """Write a safetensors file by hand; ``tensors`` are (name, dtype, shape, nbytes); return the header length."""
+    header: dict[str, Any] = {}
+    position = 0
+    for name, dtype, shape, size in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [position, position + size]}
+        position += size
+    body = json.dumps(header, separators=(",", ":")).encode()
+    body += b" " * (-len(body) % 8)
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as stream:
+        stream.write(struct.pack("<Q", len(body)))
+        stream.write(body)
+        fill(stream, position)
+    os.replace(temporary, path)
+    return len(body)
+
+
+def big_model(folder: str, size: int) -> tuple[str, int, int]:
+    """A model whose tensor ``big`` (``size`` bytes of random data) starts at an offset not page-aligned."""
+    path = os.path.join(folder, f"big-{size // MIB}m.safetensors")
+    tensors = [("small", "U8", [SMALL_TENSOR], SMALL_TENSOR), ("big", "U8", [size], size)]
+    if not os.path.exists(path):
+        log(f"writing {path}")
+
+        def fill(stream: Any, total: int) -> None:
+            seed = random.Random(1)
+            chunk = seed.randbytes(16 * MIB)
+            written = 0
+            while written < total:
+                piece = chunk[: min(len(chunk), total - written)]
+                stream.write(piece)
+                written += len(piece)
+                chunk = chunk[7:] + chunk[:7]  # not the same page twice
+
+        write_model(path, tensors, fill)
+    with open(path, "rb") as stream:
+        (length,) = struct.unpack("<Q", stream.read(8))
+    offset = 8 + length + SMALL_TENSOR
+    assert offset % PAGE != 0
+    return path, offset, size
+
+
+def many_model(folder: str, count: int) -> str:
+    """A model of ``count`` small tensors named like a transformer's (nested folders)."""
+    path = os.path.join(folder, f"many-{count}.safetensors")
+    if os.path.exists(path):
+        return path
+    log(f"writing {path}")
+    parts = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+             "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+             "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.down_proj.bias"]
+    tensors = [(f"model.layers.{i // len(parts)}.{parts[i % len(parts)]}", "F32", [4], 16) for i in range(count)]
+
+    def fill(stream: Any, total: int) -> None:
+        stream.write(bytes(total))
+
+    write_model(path, tensors, fill)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- mounts
+
+
+class Mount:
+    """One background ``stfs mount`` with STFS_STATS on; ``stats()`` asks the daemon for its counters."""
+
+    def __init__(self, source: str, mountpoint: str, options: list[str]) -> None:
+        self.source = source
+        self.mountpoint = mountpoint
+        self.stats_path = mountpoint.rstrip("/") + ".stats.json"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.stats_path)
+        os.makedirs(mountpoint, exist_ok=True)
+        command = stfs_command("mount", source, mountpoint)
+        for option in options:
+            command += ["-o", option]
+        env = dict(environment(), STFS_STATS=self.stats_path)
+        started = time.perf_counter()
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        self.seconds = time.perf_counter() - started
+        if result.returncode != 0 or not os.path.ismount(mountpoint):
+            raise RuntimeError(f"stfs mount failed: {result.stderr.strip()}")
+        self.pid = self._daemon_pid()
+        self._dumps = 0
+
+    def _daemon_pid(self) -> int:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as stream:
+                    args = stream.read().split(b"\0")
+            except OSError:
+                continue
+            if b"stfs" in args and b"mount" in args and self.mountpoint.encode() in args:
+                return int(entry)
+        raise RuntimeError(f"no daemon found for {self.mountpoint}")
+
+    def stats(self) -> dict[str, Any]:
+        """The daemon's counters now (SIGUSR1, then wait for the new dump)."""
+        os.kill(self.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with open(self.stats_path) as stream:
+                    data = json.load(stream)
+                if data["dumps"] > self._dumps:
+                    self._dumps = data["dumps"]
+                    return data
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.01)
+        raise RuntimeError("the daemon did not dump its counters (STFS_STATS unsupported?)")
+
+    def unmount(self) -> None:
+        subprocess.run(["fusermount3", "-u", self.mountpoint], check=True)
+        deadline = time.monotonic() + 20
+        while os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, os.WNOHANG)
+            try:
+                with open(f"/proc/{self.pid}/stat") as stream:
+                    if stream.read().split(")")[-1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def mounted(source: str, mountpoint: str, options: list[str]) -> Iterator[Mount]:
+    mount = Mount(source, mountpoint, options)
+    try:
+        yield mount
+    finally:
+        mount.unmount()
+
+
+def read_summary(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
+    """Reads between two stats snapshots: count, bytes, sizes."""
+    sizes = {int(k): v for k, v in after["read_sizes"].items()}
+    if before is not None:
+        for key, value in before["read_sizes"].items():
+            sizes[int(key)] = sizes.get(int(key), 0) - value
+    sizes = {k: v for k, v in sizes.items() if v}
+    reads = sum(sizes.values())
+    served = after["read_bytes"] - (before["read_bytes"] if before else 0)
+    return {
+        "reads": reads,
+        "bytes": served,
+        "mean_request_bytes": served / reads if reads else 0,
+        "largest_request_bytes": max(sizes) if sizes else 0,
+        "sizes": {str(k): v for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:6]},
+    }
+
+
+# ---------------------------------------------------------------------------------------------- sections
+
+
+def bench_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    source, offset, size = big_model(args.data, args.size_mib * MIB)
+    results["model"] = {"path": source, "tensor_offset": offset, "tensor_bytes": size}
+    warm(source)
+    direct = [dd_seconds(source, offset, size) for _ in range(args.runs)]
+    direct_gbs = size / median(direct) / 1e9
+    results["direct"] = {"seconds": direct, "gb_per_s": direct_gbs}
+    log(f"direct: {direct_gbs:.2f} GB/s")
+
+    first, reread, first_reads, reread_reads = [], [], [], []
+    for run in range(args.runs):
+        warm(source)  # the daemon may have dropped the source pages it served
+        with mounted(source, os.path.join(args.data, "mnt"), args.option) as mount:
+            tensor = os.path.join(mount.mountpoint, "tensors", "big")
+            base = mount.stats()
+            first.append(dd_seconds(tensor))
+            after_first = mount.stats()
+            reread.append(dd_seconds(tensor))
+            after_reread = mount.stats()
+            first_reads.append(read_summary(base, after_first))
+            reread_reads.append(read_summary(after_first, after_reread))
+            log(f"run {run}: first {size / first[-1] / 1e9:.2f} GB/s ({first_reads[-1]['reads']} reads), "
+                f"reread {size / reread[-1] / 1e9:.2f} GB/s ({reread_reads[-1]['reads']} reads)")
+    first_gbs = size / median(first) / 1e9
+    reread_gbs = size / median(reread) / 1e9
+    results["first"] = {"seconds": first, "gb_per_s": first_gbs, "ratio": first_gbs / direct_gbs,
+                        "daemon": first_reads[sorted(range(len(first)), key=first.__getitem__)[len(first) // 2]],
+                        "daemon_runs": first_reads}
+    results["reread"] = {"seconds": reread, "gb_per_s": reread_gbs, "ratio": reread_gbs / direct_gbs,
+                         "daemon_reads": max(r["reads"] for r in reread_reads), "daemon_runs": reread_reads}
+
+
+READER = r"""
+import mmap, sys, numpy as np
+array = np.memmap(sys.argv[1], dtype=np.uint8, mode="r")
+total = int(array[::4096].sum()) + int(array[-1])  # one byte of every page
+print(total, flush=True)
+sys.stdin.read()
+"""
+
+
+def bench_copies(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    source, offset, size = big_model(args.data, args.size_mib * MIB)
+    runs = []
+    for run in range(args.runs):
+        with mounted(source, os.path.join(args.data, "mnt"), args.option) as mount:
+            tensor = os.path.join(mount.mountpoint, "tensors", "big")
+            drop_from_page_cache(source)
+            time.sleep(0.2)
+            source_before = resident_bytes(source)
+            base = mount.stats()
+            cached_before = meminfo_kib("Cached") * 1024
+            readers = [subprocess.Popen([sys.executable, "-c", READER, tensor], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=environment()) for _ in range(2)]
+            sums = [reader.stdout.readline().strip() for reader in readers]  # type: ignore[union-attr]
+            cached_after = meminfo_kib("Cached") * 1024
+            smaps = [proc_fields(reader.pid, "smaps_rollup") for reader in readers]
+            entry = {
+                "cached_growth": (cached_after - cached_before) / size,
+                "source_resident_before": source_before,
+                "source_resident_after": resident_bytes(source),
+                "tensor_resident": resident_bytes(tensor),
+                "readers": [{"rss": s["Rss"], "pss": s["Pss"], "pss_over_rss": s["Pss"] / s["Rss"]} for s in smaps],
+                "same_sum": len(set(sums)) == 1,
+                "daemon": read_summary(base, mount.stats()),
+            }
+            for reader in readers:
+                reader.communicate("")
+            runs.append(entry)
+            log(f"run {run}: Cached grew {entry['cached_growth']:.2f}x the tensor; "
+                f"Pss/Rss {[round(r['pss_over_rss'], 2) for r in entry['readers']]}; "
+                f"source resident after {entry['source_resident_after']}")
+    growth = [r["cached_growth"] for r in runs]
+    results["copies"] = {"cached_growth": median(growth), "runs": runs}
+
+
+def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    source, offset, size = big_model(args.data, args.size_mib * MIB)
+    warm(source)
+    rng = random.Random(2)
+    offsets = [rng.randrange(size // PAGE) * PAGE for _ in range(args.preads)]
+
+    def timed(path: str, base: int) -> list[float]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: one request per page
+            samples = []
+            clock = time.perf_counter_ns
+            for position in offsets:
+                start = clock()
+                os.pread(fd, PAGE, base + position)
+                samples.append((clock() - start) / 1000)
+            return samples
+        finally:
+            os.close(fd)
+
+    mount_runs, source_runs = [], []
+    for _ in range(args.runs):
+        with mounted(source, os.path.join(args.data, "mnt"), args.option) as mount:
+            base = mount.stats()
+            samples = timed(os.path.join(mount.mountpoint, "tensors", "big"), 0)
+            daemon = read_summary(base, mount.stats())
+        mount_runs.append({"p50_us": percentile(samples, 0.5), "p99_us": percentile(samples, 0.99),
+                           "mean_us": statistics.fmean(samples), "daemon_reads": daemon["reads"]})
+        samples = timed(source, offset)
+        source_runs.append({"p50_us": percentile(samples, 0.5), "p99_us": percentile(samples, 0.99),
+                            "mean_us": statistics.fmean(samples)})
+        log(f"latency: mount p50 {mount_runs[-1]['p50_us']:.1f} us p99 {mount_runs[-1]['p99_us']:.1f} us "
+            f"({daemon['reads']} reads); source p50 {source_runs[-1]['p50_us']:.1f} us")
+    results["latency"] = {
+        "preads": args.preads,
+        "p50_us": median([r["p50_us"] for r in mount_runs]),
+        "p99_us": median([r["p99_us"] for r in mount_runs]),
+        "source_p50_us": median([r["p50_us"] for r in source_runs]),
+        "source_p99_us": median([r["p99_us"] for r in source_runs]),
+        "runs": mount_runs,
+        "source_runs": source_runs,
+    }
+
+
+SAFE_OPEN = "import sys; from safetensors import safe_open; f = safe_open(sys.argv[1], 'numpy'); print(len(f.keys()))"
+
+
+def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    from safetensors import safe_open
+
+    entries = {}
+    largest = max(args.tensors)
+    for count in args.tensors:
+        source = many_model(args.data, count)
+        warm(source)
+        keys_seconds, command_seconds, mount_seconds, rss, finds = [], [], [], [], []
+        for _ in range(args.runs):
+            started = time.perf_counter()
+            with safe_open(source, "numpy") as handle:
+                assert len(handle.keys()) == count
+            keys_seconds.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-c", SAFE_OPEN, source], check=True, capture_output=True)
+            command_seconds.append(time.perf_counter() - started)
+            with mounted(source, os.path.join(args.data, "mnt"), args.option) as mount:
+                mount_seconds.append(mount.seconds)
+                rss.append(proc_fields(mount.pid, "status")["RssAnon"])
+                if count == largest:
+                    started = time.perf_counter()
+                    found = subprocess.run(f"find {mount.mountpoint} -type f | wc -l", shell=True,
+                                           capture_output=True, text=True, check=True)
+                    finds.append(time.perf_counter() - started)
+                    files = int(found.stdout)
+        entry = {
+            "mount_s": median(mount_seconds),
+            "safe_open_keys_s": median(keys_seconds),
+            "safe_open_command_s": median(command_seconds),
+            "vs_safe_open": median(mount_seconds) / median(keys_seconds),
+            "vs_safe_open_command": median(mount_seconds) / median(command_seconds),
+            "rss_anon_bytes": median(rss),
+            "rss_anon_budget_bytes": 50 * MIB + 1024 * count,
+            "runs": {"mount_s": mount_seconds, "safe_open_keys_s": keys_seconds,
+                     "safe_open_command_s": command_seconds, "rss_anon": rss},
+        }
+        if finds:
+            entry["find_s"] = median(finds)
+            entry["find_files"] = files
+            entry["runs"]["find_s"] = finds
+        entries[str(count)] = entry
+        log(f"{count} tensors: mount {entry['mount_s']:.3f} s, safe_open keys {entry['safe_open_keys_s']:.3f} s "
+            f"(command {entry['safe_open_command_s']:.3f} s), RssAnon {entry['rss_anon_bytes'] / MIB:.1f} MiB"
+            + (f", find {entry['find_s']:.2f} s ({files} files)" if finds else ""))
+    results["mount"] = entries
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def check(name: str, value: float | None) -> str:
+    if value is None or name not in TARGETS:
+        return ""
+    op, limit = TARGETS[name]
+    ok = value >= limit if op == ">=" else value <= limit
+    return "ok" if ok else "MISSED"
+
+
+def table(results: dict[str, Any]) -> str:
+    rows: list[tuple[str, str, str, str]] = []
+
+    def add(label: str, value: str, target: str = "", verdict: str = "") -> None:
+        rows.append((label, value, target, verdict))
+
+    if "direct" in results:
+        add("direct dd (GB/s)", f"{results['direct']['gb_per_s']:.2f}")
+    if "first" in results:
+        first = results["first"]
+        add("first dd (GB/s)", f"{first['gb_per_s']:.2f}")
+        add("first / direct", f"{first['ratio']:.2f}", ">= 0.25", check("first_ratio", first["ratio"]))
+        daemon = first["daemon"]
+        add("first: daemon reads", f"{daemon['reads']} x {daemon['mean_request_bytes'] / 1024:.0f} KiB mean "
+            f"(largest {daemon['largest_request_bytes'] // 1024} KiB)", "1 MiB requests",
+            check("first_request_bytes", daemon["largest_request_bytes"]))
+    if "reread" in results:
+        reread = results["reread"]
+        add("reread dd (GB/s)", f"{reread['gb_per_s']:.2f}")
+        add("reread / direct", f"{reread['ratio']:.2f}", ">= 0.6", check("reread_ratio", reread["ratio"]))
+        add("reread: daemon reads", str(reread["daemon_reads"]), "0",
+            check("reread_daemon_reads", reread["daemon_reads"]))
+    if "copies" in results:
+        copies = results["copies"]
+        add("copies: Cached growth / tensor", f"{copies['cached_growth']:.2f}", "<= 1.1",
+            check("copies_cached_growth", copies["cached_growth"]))
+        run = copies["runs"][len(copies["runs"]) // 2]
+        ratios = ", ".join(f"{r['pss'] / MIB:.0f}/{r['rss'] / MIB:.0f} MiB" for r in run["readers"])
+        add("copies: readers' Pss/Rss", ratios, "Pss ~ Rss/2")
+    if "latency" in results:
+        latency = results["latency"]
+        add("latency 4 KiB p50 / p99 (us)", f"{latency['p50_us']:.1f} / {latency['p99_us']:.1f}", "p50 <= 16-18",
+            check("latency_p50_us", latency["p50_us"]))
+        add("  source p50 / p99 (us)", f"{latency['source_p50_us']:.1f} / {latency['source_p99_us']:.1f}")
+    for count, entry in results.get("mount", {}).items():
+        target = {"300": "<= 0.1 s", "100000": "<= 2 s"}.get(count, "")
+        add(f"mount {int(count):,} tensors (s)", f"{entry['mount_s']:.3f}", target, check(f"mount_{count}_s",
+                                                                                          entry["mount_s"]))
+        add(f"  safe_open keys: in-process / command (s)",
+            f"{entry['safe_open_keys_s']:.3f} / {entry['safe_open_command_s']:.3f}")
+        add("  mount / safe_open keys", f"{entry['vs_safe_open']:.1f}x (command: {entry['vs_safe_open_command']:.1f}x)",
+            "<= 3x" if count == "100000" else "", check(f"mount_{count}_vs_safe_open", entry["vs_safe_open"]))
+        budget = entry["rss_anon_budget_bytes"]
+        add("  daemon RssAnon (MiB)", f"{entry['rss_anon_bytes'] / MIB:.1f}", f"<= {budget / MIB:.0f}",
+            "ok" if entry["rss_anon_bytes"] <= budget else "MISSED")
+        if "find_s" in entry:
+            add(f"  find -type f | wc -l (s)", f"{entry['find_s']:.2f} ({entry['find_files']} files)", "<= 3 s",
+                check(f"find_{count}_s", entry["find_s"]))
+    widths = [max(len(row[i]) for row in rows + [("figure", "value", "target", "")]) for i in range(4)]
+    lines = [" | ".join(text.ljust(widths[i]) for i, text in enumerate(("figure", "value", "target", ""))).rstrip()]
+    lines.append("-+-".join("-" * width for width in widths))
+    lines += [" | ".join(text.ljust(widths[i]) for i, text in enumerate(row)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+SECTIONS = {"throughput": bench_throughput, "copies": bench_copies, "latency": bench_latency, "mount": bench_mount}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="/tmp/stfs-bench", help="folder for models and mountpoints")
+    parser.add_argument("--out", default="bench-results.json", help="JSON results (default bench-results.json)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--size-mib", type=int, default=512, help="size of the big tensor (>= 512 for the issue)")
+    parser.add_argument("--preads", type=int, default=20_000, help="random 4 KiB preads in the latency section")
+    parser.add_argument("--tensors", type=lambda text: [int(x) for x in text.split(",")],
+                        default=[300, 10_000, 100_000], help="tensor counts of the mount section")
+    parser.add_argument("--only", action="append", choices=sorted(SECTIONS), help="run only these sections")
+    parser.add_argument("-o", dest="option", action="append", default=[], help="extra stfs mount -o options")
+    parser.add_argument("--clean", action="store_true", help="delete the generated models afterwards")
+    args = parser.parse_args(argv)
+    os.makedirs(args.data, exist_ok=True)
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
+                    "load_before": os.getloadavg()},
+        "options": args.option,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    started = time.monotonic()
+    try:
+        for name in args.only or list(SECTIONS):
+            log(f"section {name}")
+            SECTIONS[name](args, results)
+    finally:
+        results["seconds"] = time.monotonic() - started
+        results["machine"]["load_after"] = os.getloadavg()
+        with open(args.out, "w") as stream:
+            json.dump(results, stream, indent=2)
+        if args.clean:
+            for name in os.listdir(args.data):
+                if name.endswith(".safetensors"):
+                    os.unlink(os.path.join(args.data, name))
+    print(table(results))
+    print(f"\n{results['seconds']:.0f} s; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

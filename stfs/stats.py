@@ -1,0 +1,84 @@
+"""Request counters for benchmarks and diagnosis, off unless ``STFS_STATS`` is set.
+
+``STFS_STATS=PATH stfs mount ...`` makes the daemon count every FUSE call it
+serves and the size of every read request, and write them as JSON to PATH
+when it is unmounted and whenever it receives SIGUSR1::
+
+    {"pid": 1234, "dumps": 2, "calls": {"read": 512, "getattr": 3, ...},
+     "reads": 512, "read_bytes": 536870912, "read_sizes": {"1048576": 512}}
+
+``read_sizes`` maps the size the kernel asked for to how many requests asked
+for it. Without the variable nothing is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections import Counter
+
+ENVIRONMENT_VARIABLE = "STFS_STATS"
+
+
+class Stats:
+    """Counters of one daemon; every method is safe to call from libfuse's worker threads."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._calls: Counter[str] = Counter()
+        self._read_sizes: Counter[int] = Counter()
+        self._read_bytes = 0
+        self._dumps = 0
+
+    def count_call(self, name: str) -> None:
+        with self._lock:
+            self._calls[name] += 1
+
+    def count_read(self, requested: int, served: int) -> None:
+        with self._lock:
+            self._read_sizes[requested] += 1
+            self._read_bytes += served
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "pid": os.getpid(),
+                "dumps": self._dumps,
+                "calls": dict(self._calls),
+                "reads": sum(self._read_sizes.values()),
+                "read_bytes": self._read_bytes,
+                "read_sizes": {str(size): count for size, count in sorted(self._read_sizes.items())},
+            }
+
+    def dump(self) -> None:
+        """Write the counters to ``path`` atomically (a reader never sees half a file)."""
+        with self._lock:
+            self._dumps += 1
+        temporary = f"{self.path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as stream:
+            json.dump(self.snapshot(), stream)
+        os.replace(temporary, self.path)
+
+    def dump_on_sigusr1(self) -> None:
+        """Dump on every SIGUSR1, from a thread of its own.
+
+        libfuse's loop never returns to Python in the main thread, so a Python signal
+        handler would not run there; instead SIGUSR1 is blocked (before libfuse starts
+        its threads, which inherit the mask) and one thread waits for it.
+        """
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+        def wait() -> None:
+            while True:
+                signal.sigwait({signal.SIGUSR1})
+                self.dump()
+
+        threading.Thread(target=wait, name="stfs-stats", daemon=True).start()
+
+
+def from_environment() -> Stats | None:
+    path = os.environ.get(ENVIRONMENT_VARIABLE)
+    return Stats(os.path.abspath(path)) if path else None
