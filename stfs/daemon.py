@@ -118,10 +118,20 @@ def default_log_file(mountpoint: str) -> str:
 
 def run_foreground(plan: MountPlan, debug: bool = False) -> None:
     """Serve ``plan`` in this process until it is unmounted or sent SIGTERM/SIGINT."""
-    from .fs import StfsOperations, serve  # libfuse is loaded only by the commands that mount
+    _serve(plan, lambda: None, debug=debug)
 
-    operations = StfsOperations(plan.tree, plan.files, on_ready=lambda: _after_init(plan.mountpoint, lambda: None))
-    serve(operations, plan.mountpoint, foreground=True, debug=debug, **plan.options)
+
+def _serve(plan: MountPlan, then: Callable[[], None], debug: bool = False) -> None:
+    """Serve ``plan`` until unmounted; ``then`` runs once the mount answers, readahead tuned."""
+    from .fs import StfsOperations, request_size, serve  # libfuse is loaded only by the commands that mount
+
+    options = dict(plan.options)
+    # The largest read request whose reply can be spliced here; the kernel asks for no more than max_read.
+    options.setdefault("max_read", request_size())
+    readahead_kb = max(128, int(options["max_read"]) // 1024)  # type: ignore[call-overload]
+    operations = StfsOperations(plan.tree, plan.files,
+                                on_ready=lambda: _after_init(plan.mountpoint, readahead_kb, then))
+    serve(operations, plan.mountpoint, foreground=True, debug=debug, **options)
 
 
 def run_background(plan: MountPlan, log_file: str) -> int:
@@ -167,15 +177,13 @@ def _daemon_main(plan: MountPlan, log_file: str, ready_fd: int) -> None:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s", force=True
         )
-        from .fs import StfsOperations, serve
 
         def report_ready() -> None:
             os.write(ready_fd, b"ok\n")
             os.close(ready_fd)
             log.info("serving %s at %s", plan.source, plan.mountpoint)
 
-        operations = StfsOperations(plan.tree, plan.files, on_ready=lambda: _after_init(plan.mountpoint, report_ready))
-        serve(operations, plan.mountpoint, foreground=True, **plan.options)
+        _serve(plan, report_ready)
         status = 0
     except BaseException as exc:  # the parent must hear why, whatever happened
         log.exception("daemon failed")
@@ -198,7 +206,7 @@ def _redirect_output(log_file: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def _after_init(mountpoint: str, then: Callable[[], None]) -> None:
+def _after_init(mountpoint: str, readahead_kb: int, then: Callable[[], None]) -> None:
     """Once the kernel has taken libfuse's INIT reply, tune readahead, then call ``then`` (in a thread of its own).
 
     Called from the init callback, which runs before libfuse replies to INIT; the kernel then
@@ -209,23 +217,27 @@ def _after_init(mountpoint: str, then: Callable[[], None]) -> None:
     def run() -> None:
         try:
             os.stat(mountpoint)
-            _tune_readahead(mountpoint)
         except OSError as exc:
-            log.warning("cannot tune readahead of %s: %s", mountpoint, exc)
+            log.error("%s does not answer after INIT: %s", mountpoint, exc)
+            return
+        _tune_readahead(mountpoint, readahead_kb)
         then()
 
     threading.Thread(target=run, name="stfs-ready", daemon=True).start()
 
 
-def _tune_readahead(mountpoint: str) -> None:
-    """Ask for 1 MiB kernel readahead on the mount (1 MiB FUSE requests); quietly skipped when not root."""
+def _tune_readahead(mountpoint: str, readahead_kb: int) -> None:
+    """Set the mount's kernel readahead (the size of FUSE read requests); quietly skipped when not root.
+
+    The kernel starts a FUSE mount at 128 KiB; reads then reach the daemon as 128 KiB requests.
+    """
     device = _mount_device(mountpoint)
     if device is None:
         return
     path = f"/sys/class/bdi/{device}/read_ahead_kb"
     try:
         with open(path, "w") as stream:
-            stream.write("1024")
+            stream.write(str(readahead_kb))
     except OSError as exc:
         log.debug("cannot set %s: %s", path, exc)
 

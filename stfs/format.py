@@ -137,13 +137,17 @@ def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) ->
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise errors.InvalidHeaderUtf8(path, f"header is not UTF-8 (byte {exc.start})") from exc
-    document = _load_json(text, path)
-    if not isinstance(document, dict):
-        raise errors.InvalidHeaderDeserialization(path, "header is not a JSON object")
-
-    metadata = _check_metadata(document.pop("__metadata__", None), path)
-    entries = tuple(_check_tensor(name, info, path) for name, info in document.items())
-    _check_layout(entries, path, data_size=file_size - 8 - len(raw))
+    data_size = file_size - 8 - len(raw)
+    checked = _check_fast(raw, text, path, data_size)
+    if checked is None:  # something is off: find the first broken rule the exact (slower) way
+        document = _load_json(text, path)
+        if not isinstance(document, dict):
+            raise errors.InvalidHeaderDeserialization(path, "header is not a JSON object")
+        metadata = _check_metadata(document.pop("__metadata__", None), path)
+        entries = tuple(_check_tensor(name, info, path) for name, info in document.items())
+        _check_layout(entries, path, data_size=data_size)
+    else:
+        entries, metadata = checked
     return Header(
         path=path,
         header_length=len(raw),
@@ -154,6 +158,77 @@ def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) ->
         metadata=metadata,
         digest=header_digest(raw),
     )
+
+
+_DTYPE_NAMES = {name: name for name in DTYPE_BITS}  # one shared str per dtype, whatever the header spelled
+
+
+def _check_fast(raw: bytes, text: str, path: str, data_size: int) -> tuple[tuple[TensorEntry, ...], dict] | None:
+    """Validate a well-formed header quickly; ``None`` when anything is unusual (the exact path then decides).
+
+    ``json.loads`` without a hook is twice as fast but keeps only the last of duplicate keys. Duplicates
+    are found by counting instead: every ``:`` outside a string introduces one member of an object, so
+    without escapes (which could spell a ``:``) the colons of the text equal the members parsed plus the
+    colons inside parsed strings exactly when no key was repeated.
+    """
+    if b"\\" in raw:
+        return None
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if type(document) is not dict:
+        return None
+    members = len(document)
+    in_strings = "".join(document).count(":")
+    metadata = document.pop("__metadata__", {})
+    if type(metadata) is not dict:
+        return None
+    for key, value in metadata.items():
+        if type(value) is not str:
+            return None
+        in_strings += key.count(":") + value.count(":")
+    members += len(metadata)
+    dtype_names = _DTYPE_NAMES
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    entries = []
+    append = entries.append
+    position = 0
+    in_order = True
+    for name, info in document.items():
+        if type(info) is not dict or len(info) != 3:
+            return None
+        members += 3
+        try:
+            dtype = dtype_names[info["dtype"]]
+            shape = info["shape"]
+            begin, end = info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            return None
+        if type(shape) is not list or type(begin) is not int or type(end) is not int:
+            return None
+        elements = 1
+        for dim in shape:
+            if type(dim) is not int or not 0 <= dim <= U64_MAX:
+                return None
+            elements *= dim
+            if elements > U64_MAX:
+                return None
+        bits = elements * DTYPE_BITS[dtype]
+        if bits > U64_MAX or not 0 <= begin <= end <= U64_MAX or (end - begin) * 8 != bits:
+            return None
+        key = tuple(shape)
+        append(TensorEntry(name, dtype, shapes.setdefault(key, key), begin, end))
+        if begin == position:
+            position = end
+        else:
+            in_order = False
+    if members + in_strings != raw.count(b":"):
+        return None
+    result = tuple(entries)
+    if not in_order or position != data_size:
+        _check_layout(result, path, data_size=data_size)
+    return result, metadata
 
 
 def header_digest(raw: bytes) -> bytes:

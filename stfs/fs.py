@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import logging
 import os
+import stat
+import struct
+import termios
+import threading
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
@@ -22,6 +27,10 @@ from .tree import DirNode, FileNode, Node, Tree, file_mode
 log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 4096
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+STAT_FIELDS = ("st_mode", "st_ino", "st_nlink", "st_size", "st_blocks", "st_blksize", "st_uid", "st_gid",
+               "st_mtime", "st_ctime", "st_atime")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -76,30 +85,36 @@ class StfsOperations(Operations):
 
     @_eio_on_surprise
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        return self._attributes(self._lookup(path))
+        return dict(zip(STAT_FIELDS, self.stat(self._lookup(path))))
 
-    def _attributes(self, node: Node) -> dict[str, Any]:
-        size = 0 if isinstance(node, DirNode) else node.size
-        return {
-            "st_mode": file_mode(node),
-            "st_ino": node.inode,
-            "st_nlink": 2 if isinstance(node, DirNode) else 1,
-            "st_size": size,
-            "st_blocks": (size + 511) // 512,  # st_blocks counts 512-byte units whatever the block size
-            "st_blksize": BLOCK_SIZE,
-            "st_uid": self._uid,
-            "st_gid": self._gid,
-            "st_mtime": node.mtime_ns,
-            "st_ctime": node.mtime_ns,
-            "st_atime": node.mtime_ns,
-        }
+    def stat(self, node: Node) -> tuple[int, ...]:
+        """The values of ``STAT_FIELDS`` for ``node`` (``StfsFUSE`` packs them straight into a struct stat)."""
+        if type(node) is DirNode:
+            return (DIR_MODE, node.inode, 2, 0, 0, BLOCK_SIZE, self._uid, self._gid,
+                    node.mtime_ns, node.mtime_ns, node.mtime_ns)
+        size = node.size
+        # st_blocks counts 512-byte units whatever the block size
+        return (FILE_MODE, node.inode, 1, size, (size + 511) // 512, BLOCK_SIZE, self._uid, self._gid,
+                node.mtime_ns, node.mtime_ns, node.mtime_ns)
 
     @_eio_on_surprise
-    def readdir(self, path: str, fh: int) -> list[Any]:
+    def node(self, path: str) -> Node:
+        """The node at ``path``; ``ENOENT`` if there is none."""
+        return self._lookup(path)
+
+    @_eio_on_surprise
+    def directory(self, path: str) -> tuple[DirNode, DirNode]:
+        """The folder at ``path`` and its parent (the root's parent is itself)."""
         node = self._lookup(path)
         if not isinstance(node, DirNode):
             raise FuseOSError(errno.ENOTDIR)
         parent = self.tree.lookup(os.path.dirname(path)) or node
+        assert isinstance(parent, DirNode)
+        return node, parent
+
+    @_eio_on_surprise
+    def readdir(self, path: str, fh: int) -> list[Any]:
+        node, parent = self.directory(path)
         # use_ino: an entry with inode 0 is skipped by readdir(3), so "." and ".." carry theirs
         entries: list[Any] = [
             (".", {"st_mode": file_mode(node), "st_ino": node.inode}, 0),
@@ -137,18 +152,35 @@ class StfsOperations(Operations):
         return bytes(buffer[:count])
 
     @_eio_on_surprise
+    def read_buf(self, path: str | None, size: int, offset: int, fh: int) -> tuple[FileNode, int]:  # type: ignore[override]
+        """The file a read of ``size`` bytes at ``offset`` reads, and the count, clamped at the file's end.
+
+        Named like the libfuse callback so that mfusepy registers it; ``StfsFUSE.read_buf`` does the C side.
+        """
+        node = self._file(path, fh)
+        return node, max(0, min(size, node.size - offset))
+
+    @_eio_on_surprise
+    def splice_into(self, node: FileNode, offset: int, count: int, pipe: int) -> int:
+        """Move up to ``count`` bytes of the source-backed file ``node`` at ``offset`` into ``pipe``; return the count."""
+        assert node.file is not None
+        splice = getattr(self.source, "splice_into", None)
+        if splice is None:
+            return 0
+        return splice(node.file, node.offset + offset, count, pipe)
+
+    @_eio_on_surprise
     def read_into(self, path: str | None, buffer: memoryview, offset: int, fh: int) -> int:
         """Fill ``buffer`` from ``offset`` of the file; the read is clamped at the file's end."""
         node = self._file(path, fh)
         count = max(0, min(len(buffer), node.size - offset))
         if count == 0:
             return 0
-        content = node.content
-        if content.data is not None:
-            buffer[:count] = content.data[offset : offset + count]
+        if node.data is not None:
+            buffer[:count] = node.data[offset : offset + count]
             return count
-        assert content.file is not None
-        return self.source.read_into(content.file, content.offset + offset, buffer[:count])
+        assert node.file is not None
+        return self.source.read_into(node.file, node.offset + offset, buffer[:count])
 
     @_eio_on_surprise
     def statfs(self, path: str) -> dict[str, int]:
@@ -194,11 +226,117 @@ class StfsOperations(Operations):
     setxattr = removexattr = symlink = truncate = unlink = utimens = write = _read_only
 
 
+FUSE_CAP_SPLICE_WRITE = 1 << 7
+FUSE_BUF_IS_FD = 1 << 1
+# struct fuse_bufvec {size_t count, idx, off; struct fuse_buf {size_t size; enum flags; void *mem; int fd;
+# off_t pos;} buf[1];}, native alignment; libfuse frees it (and a memory buffer's mem) with free().
+_BUFVEC = struct.Struct("@NNNNiPiq")
+_BUFVEC_ALLOCATION = 128  # zeroed room past the fields libfuse 3.14 knows
+MAX_REQUEST = 1 << 20  # libfuse's (and the kernel's 256-page) limit on one read
+_SPLICE_MIN = 2 * 4096  # libfuse copies replies under two pages rather than splice them
+_PIPE_SIZE = 2 << 20  # a 1 MiB read at an unaligned offset spans 257 pages: a pipe slot each
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.malloc.restype = ctypes.c_void_p
+_libc.malloc.argtypes = [ctypes.c_size_t]
+_libc.calloc.restype = ctypes.c_void_p
+_libc.calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+_libc.free.restype = None
+_libc.free.argtypes = [ctypes.c_void_p]
+_POINTER = struct.Struct("@P")
+
+
+def _stat_layout() -> tuple[struct.Struct, list[int]]:
+    """A ``struct`` for mfusepy's ``c_stat`` (this platform's struct stat) and where each STAT_FIELDS value goes."""
+    slots: list[tuple[int, int, bool, str]] = []  # (offset, size, signed, field)
+    for name in STAT_FIELDS:
+        if name in ("st_mtime", "st_ctime", "st_atime"):
+            spec = getattr(mfusepy.c_stat, name + "spec")
+            seconds, nanoseconds = mfusepy.c_timespec.tv_sec, mfusepy.c_timespec.tv_nsec
+            slots.append((spec.offset + seconds.offset, seconds.size, True, name + ":s"))
+            slots.append((spec.offset + nanoseconds.offset, nanoseconds.size, True, name + ":ns"))
+        else:
+            field = getattr(mfusepy.c_stat, name)
+            slots.append((field.offset, field.size, name in ("st_size", "st_blocks", "st_blksize"), name))
+    slots.sort()
+    fmt, position, order = "=", 0, []
+    for offset, size, signed, name in slots:
+        char = {2: "h", 4: "i", 8: "q"}[size]
+        fmt += "x" * (offset - position) + (char if signed else char.upper())
+        position = offset + size
+        order.append(name)
+    fmt += "x" * (ctypes.sizeof(mfusepy.c_stat) - position)
+    return struct.Struct(fmt), [STAT_FIELDS.index(name.split(":")[0]) * 2 + name.endswith(":ns") for name in order]
+
+
+_STAT, _STAT_ORDER = _stat_layout()
+
+
+def _pack_stat(values: tuple[int, ...]) -> bytes:
+    """The bytes of a struct stat holding ``values`` (in STAT_FIELDS order; times in nanoseconds)."""
+    expanded: list[int] = []
+    for index, value in enumerate(values):
+        if index >= 8:  # the three times: seconds, nanoseconds
+            expanded += divmod(value, 1_000_000_000)
+        else:
+            expanded += (value, 0)
+    return _STAT.pack(*[expanded[position] for position in _STAT_ORDER])
+
+
+_SPLICE = os.environ.get("STFS_SPLICE", "1") == "1"  # EXPERIMENT
+
+
+def _pipe_max_size() -> int:
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as stream:
+            return int(stream.read())
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+class _Pipe:
+    """One thread's pipe for splicing source pages to libfuse."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        for size in (_PIPE_SIZE, _pipe_max_size()):
+            try:
+                fcntl.fcntl(self.write_fd, fcntl.F_SETPIPE_SZ, size)
+                break
+            except OSError:  # above /proc/sys/fs/pipe-max-size without CAP_SYS_RESOURCE
+                continue
+        capacity = fcntl.fcntl(self.write_fd, fcntl.F_GETPIPE_SZ)
+        # Splice takes a slot per page touched (count / 4096 + 2 when unaligned); libfuse's own pipe,
+        # under the same limits, needs three pages and the header more than the count.
+        self.limit = capacity - 4 * 4096
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+    def is_empty(self) -> bool:
+        return struct.unpack("i", fcntl.ioctl(self.read_fd, termios.FIONREAD, b"\0\0\0\0"))[0] == 0
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.read_fd, 1 << 20):
+                pass
+        except BlockingIOError:
+            pass
+
+
 class StfsFUSE(mfusepy.FUSE):
-    """mfusepy's FUSE with a read callback that fills libfuse's buffer in place (one copy, no ``bytes``)."""
+    """mfusepy's FUSE with a ``read_buf`` callback: pages spliced from the source, else one copy into memory.
+
+    libfuse calls ``read_buf`` instead of ``read`` when both exist. Large reads go through a pipe
+    (``splice``: the kernel's one copy is into the mount's page cache); small ones, memory blobs and
+    sources that cannot splice are read into a ``malloc``'d buffer that libfuse writes and frees.
+    """
 
     def __init__(self, operations: StfsOperations, mountpoint: str, stats: Stats | None = None, **options: Any) -> None:
         self.stats = stats
+        self._local = threading.local()
+        self._max_read = int(options.get("max_read", 0))
+        self._dirent = mfusepy.c_stat()
         super().__init__(operations, mountpoint, **options)  # serves until unmounted
 
     def _wrapper(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -206,15 +344,94 @@ class StfsFUSE(mfusepy.FUSE):
             self.stats.count_call(func.__name__)
         return super()._wrapper(func, *args, **kwargs)
 
-    def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+    def init_fuse_3(self, conn: Any, config: Any) -> None:
+        info = conn.contents
+        info.max_read = self._max_read  # libfuse aborts unless it equals the max_read mount option
+        if info.capable & FUSE_CAP_SPLICE_WRITE:
+            info.want |= FUSE_CAP_SPLICE_WRITE  # let libfuse splice read_buf's pipes into /dev/fuse
+        super().init_fuse_3(conn, config)
+
+    def getattr_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
+        operations = self.operations
+        if path is None:
+            node: Node = operations._file(None, fip.contents.fh)
+        else:
+            node = operations.node(path.decode(self.encoding, self.errors))
+        ctypes.memmove(buf, _pack_stat(operations.stat(node)), _STAT.size)
+        return 0
+
+    def readdir_fuse_3(self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
+        # Only the type and inode of an entry reach the kernel (mfusepy's notes on readdir): fill those.
+        node, parent = self.operations.directory(b"/" if path is None else path.decode(self.encoding, self.errors))
+        entry = self._dirent
+        encoding, errors = self.encoding, self.errors
+        for name, child in ((".", node), ("..", parent), *node.children.items()):
+            entry.st_mode = DIR_MODE if type(child) is DirNode else FILE_MODE
+            entry.st_ino = child.inode
+            if filler(buf, name.encode(encoding, errors), entry, 0, 0):
+                break
+        return 0
+
+    def read_buf(self, path: bytes | None, bufpp: Any, size: int, offset: int, fip: Any) -> int:
         fh = fip.contents.fh
-        address = ctypes.cast(buf, ctypes.c_void_p).value
-        view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
         decoded = None if path is None else path.decode(self.encoding, self.errors)
-        count = self.operations.read_into(decoded, view, offset, fh)
+        operations = self.operations
+        node, count = operations.read_buf(decoded, size, offset, fh)
         if self.stats is not None:
             self.stats.count_read(size, count)
-        return count
+        if count >= _SPLICE_MIN and node.file is not None and _SPLICE:
+            pipe = self._pipe()
+            if count <= pipe.limit:
+                if not pipe.is_empty():  # left over from a reply libfuse gave up on
+                    pipe.drain()
+                try:
+                    moved = operations.splice_into(node, offset, count, pipe.write_fd)
+                except BaseException:
+                    pipe.drain()
+                    raise
+                if moved == count:
+                    return self._reply(bufpp, count, FUSE_BUF_IS_FD, 0, pipe.read_fd)
+                pipe.drain()  # the pipe filled up (or the source cannot splice): copy instead
+        memory = _libc.malloc(max(count, 1))
+        if not memory:
+            raise FuseOSError(errno.ENOMEM)
+        try:
+            view = memoryview((ctypes.c_char * count).from_address(memory)).cast("B")
+            count = operations.read_into(decoded, view, offset, fh)
+        except BaseException:
+            _libc.free(memory)
+            raise
+        return self._reply(bufpp, count, 0, memory, -1)
+
+    @staticmethod
+    def _reply(bufpp: Any, count: int, flags: int, memory: int, fd: int) -> int:
+        bufvec = _libc.calloc(1, _BUFVEC_ALLOCATION)
+        if not bufvec:
+            if memory:
+                _libc.free(memory)
+            raise FuseOSError(errno.ENOMEM)
+        ctypes.memmove(bufvec, _BUFVEC.pack(1, 0, 0, count, flags, memory, fd, 0), _BUFVEC.size)
+        ctypes.memmove(bufpp, _POINTER.pack(bufvec), _POINTER.size)
+        return 0
+
+    def _pipe(self) -> _Pipe:
+        pipe: _Pipe | None = getattr(self._local, "pipe", None)
+        if pipe is None:
+            pipe = self._local.pipe = _Pipe()
+        return pipe
+
+
+def request_size() -> int:
+    """The largest read request (at most libfuse's 1 MiB) whose reply fits a pipe this process can make.
+
+    A 1 MiB reply spans 258 pipe slots; where pipes are capped at 1 MiB (256 slots:
+    /proc/sys/fs/pipe-max-size without CAP_SYS_RESOURCE) requests are 1008 KiB instead.
+    """
+    pipe = _Pipe()
+    try:
+        return max(128 << 10, min(MAX_REQUEST, pipe.limit // 4096 * 4096))
+    finally:
+        pipe.close()
 
 
 def serve(operations: StfsOperations, mountpoint: str, foreground: bool = True, **options: Any) -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from . import errors
 from .format import Header, read_header
@@ -47,6 +48,52 @@ class Shard:
     header: Header
 
 
+class Tensors(Sequence[Tensor]):
+    """A model's tensors, shard by shard in header order, made only when first asked for.
+
+    Mounting walks the shards' headers directly; ``Tensor`` records for 100,000 tensors
+    would cost a tenth of a second and their memory for nothing.
+    """
+
+    __slots__ = ("_shards", "_sharded", "_made")
+
+    def __init__(self, shards: tuple[Shard, ...], sharded: bool) -> None:
+        self._shards = shards
+        self._sharded = sharded
+        self._made: tuple[Tensor, ...] | None = None
+
+    def _all(self) -> tuple[Tensor, ...]:
+        if self._made is None:
+            self._made = tuple(t for shard in self._shards for t in _tensors_of(shard, self._sharded))
+        return self._made
+
+    def __len__(self) -> int:
+        return sum(len(shard.header.tensors) for shard in self._shards)
+
+    @overload
+    def __getitem__(self, index: int) -> Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Tensor, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Tensor | tuple[Tensor, ...]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Tensors):
+            return self._all() == other._all()
+        return isinstance(other, tuple) and self._all() == other
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSource:
     """Where a model lives, before its headers are read: ``name`` is its folder in a multi-model mount."""
@@ -65,7 +112,7 @@ class Model:
 
     name: str
     path: str
-    tensors: tuple[Tensor, ...]
+    tensors: Sequence[Tensor]  # a ``Tensors``: made on first use
     metadata: Mapping[str, str]
     shards: tuple[Shard, ...]
     index_path: str | None = None
@@ -77,7 +124,7 @@ class Model:
 
     @property
     def data_size(self) -> int:
-        return sum(t.size for t in self.tensors)
+        return sum(entry.size for shard in self.shards for entry in shard.header.tensors)
 
 
 class InvalidModel(errors.StfsError):
@@ -146,7 +193,7 @@ def load(source: ModelSource) -> Model:
     return Model(
         name=source.name,
         path=source.path,
-        tensors=tuple(_tensors_of(shard, sharded=False)),
+        tensors=Tensors((shard,), sharded=False),
         metadata=header.metadata,
         shards=(shard,),
     )
@@ -224,20 +271,20 @@ def _load_sharded(source: ModelSource) -> Model:
 
     warnings: list[str] = []
     owner: dict[str, str] = {}
-    tensors: list[Tensor] = []
+    total = 0
     for shard in shards:
-        for tensor in _tensors_of(shard, sharded=True):
-            if tensor.name in owner:
+        for entry in shard.header.tensors:
+            if entry.name in owner:
                 problems.append(
                     errors.DuplicateTensor(
-                        f"{index}: tensor {tensor.name!r} is in both {owner[tensor.name]!r} and {shard.name!r}"
+                        f"{index}: tensor {entry.name!r} is in both {owner[entry.name]!r} and {shard.name!r}"
                     )
                 )
                 continue
-            owner[tensor.name] = shard.name
-            tensors.append(tensor)
-            if tensor.name not in weight_map:
-                warnings.append(f"{shard.header.path}: tensor {tensor.name!r} is not named by the index {index}")
+            owner[entry.name] = shard.name
+            total += entry.size
+            if entry.name not in weight_map:
+                warnings.append(f"{shard.header.path}: tensor {entry.name!r} is not named by the index {index}")
     for name, shard_name in weight_map.items():
         if owner.get(name) != shard_name:
             where = f"; it is in {owner[name]!r}" if name in owner else ""
@@ -247,7 +294,6 @@ def _load_sharded(source: ModelSource) -> Model:
     if problems:
         raise InvalidModel(problems)
 
-    total = sum(t.size for t in tensors)
     declared = document.get("metadata", {}).get("total_size") if isinstance(document.get("metadata"), dict) else None
     if declared is not None and declared != total:
         warnings.append(f"{index}: metadata.total_size is {declared} but the shards hold {total} bytes of tensors")
@@ -259,7 +305,7 @@ def _load_sharded(source: ModelSource) -> Model:
     return Model(
         name=source.name,
         path=index,
-        tensors=tuple(tensors),
+        tensors=Tensors(tuple(shards), sharded=True),
         metadata=metadata,
         shards=tuple(shards),
         index_path=index,

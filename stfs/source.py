@@ -1,13 +1,28 @@
 """Where tensor bytes come from, behind one small interface.
 
-The tree and the FUSE layer only ever call ``ByteSource.read_into(file, offset,
-buffer)``; ``LocalFiles`` serves local files today, and an HTTP or object-store
-range reader can implement the same interface.
+The tree and the FUSE layer only call ``ByteSource.read_into(file, offset,
+buffer)`` (and, where a source offers it, ``splice_into``); ``LocalFiles``
+serves local files today, and an HTTP or object-store range reader can
+implement the same interface.
 
-Reads use ``preadv`` straight into the caller's buffer (libfuse's, in the
-daemon): one copy from the page cache, like a ``memmove`` out of a memory map,
-but a source truncated under the mount gives a short read (EIO) where a mapping
-would raise SIGBUS and kill the daemon.
+``LocalFiles`` never maps a source: a source truncated under the mount gives
+a short read (EIO) where a mapping would raise SIGBUS and kill the daemon.
+Bytes reach the kernel one of two ways:
+
+* ``splice_into`` puts the source's page-cache pages into a pipe by
+  reference; libfuse splices that pipe into /dev/fuse, where the kernel copies
+  each page once, into the mount's page cache. No copy in user space.
+* ``read_into`` fills the caller's buffer (libfuse's) with ``preadv``: one
+  copy there, and the kernel's copy out of that buffer.
+
+Drop-behind: a page served into the mount's page cache (``kernel_cache``)
+is never asked for again, so its twin in the source's page cache is dead
+weight — two copies of the model in RAM. ``LocalFiles`` follows each run of
+contiguous reads and drops (``POSIX_FADV_DONTNEED``) the source's 2 MiB
+chunks that lie ``DROP_LAG`` behind the newest read; a run that ends is
+dropped whole once newer runs push it out. The price: another process reading
+the *source* directly finds those pages gone and reads them again from disk.
+``drop_behind=False`` (``stfs mount --keep-source-cache``) keeps them.
 """
 
 from __future__ import annotations
@@ -26,6 +41,10 @@ from .format import header_digest
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_OPEN_FILES = 256
+PAGE = 4096
+DROP_CHUNK = 2 << 20  # drop in 2 MiB-aligned pieces: a page straddling two requests goes too
+DROP_LAG = 2 << 20  # stay this far behind a run's newest byte: its pages may still sit in a pipe
+MAX_RUNS = 8  # contiguous read runs followed per source file
 
 
 class SourceChanged(OSError):
@@ -49,7 +68,7 @@ class Expectation:
 
 
 class _OpenFile:
-    __slots__ = ("fd", "identity", "changed", "users", "evicted")
+    __slots__ = ("fd", "identity", "changed", "users", "evicted", "runs")
 
     def __init__(self, fd: int, identity: tuple[int, int, int]) -> None:
         self.fd = fd
@@ -57,10 +76,24 @@ class _OpenFile:
         self.changed = False
         self.users = 0  # reads in flight: an evicted descriptor is closed by its last user
         self.evicted = False
+        self.runs: list[list[int]] = []  # [start, end) of recent contiguous reads, newest last
 
     def release(self) -> None:
         if self.evicted and self.users == 0:
+            for start, end in self.runs:
+                _drop(self.fd, start, end)
+            self.runs.clear()
             os.close(self.fd)
+
+
+def _drop(fd: int, start: int, end: int) -> None:
+    """Drop the source's cached pages of [start, end), rounded out to whole pages."""
+    first = start - start % PAGE
+    last = -(-end // PAGE) * PAGE  # DONTNEED keeps a partial page at either end; round out
+    try:
+        os.posix_fadvise(fd, first, last - first, os.POSIX_FADV_DONTNEED)
+    except OSError as exc:  # advice only: never fail a read over it
+        log.debug("posix_fadvise failed: %s", exc)
 
 
 class _ClosingLRU(LRUCache):
@@ -72,23 +105,19 @@ class _ClosingLRU(LRUCache):
 
 
 class LocalFiles:
-    """Local files read with ``preadv``; at most ``max_open`` descriptors stay open (least recently used go)."""
+    """Local files read with ``preadv`` or ``splice``; at most ``max_open`` descriptors stay open (LRU)."""
 
-    def __init__(self, expected: dict[str, Expectation], max_open: int = DEFAULT_MAX_OPEN_FILES) -> None:
+    def __init__(self, expected: dict[str, Expectation], max_open: int = DEFAULT_MAX_OPEN_FILES,
+                 drop_behind: bool = True) -> None:
         self._expected = expected
         self._open: _ClosingLRU = _ClosingLRU(maxsize=max_open)
         self._lock = threading.Lock()
+        self.drop_behind = drop_behind
 
     def read_into(self, file: str, offset: int, buffer: memoryview) -> int:
-        handle = self._acquire(file)
+        handle = self._acquire(file, offset + len(buffer))
+        done = 0
         try:
-            stat = os.fstat(handle.fd)
-            if (stat.st_ino, stat.st_size, stat.st_mtime_ns) != handle.identity:
-                with self._lock:
-                    self._recheck(file, handle, stat)
-            if handle.changed:
-                raise SourceChanged(f"{file} was replaced or rewritten since it was mounted")
-            done = 0
             while done < len(buffer):
                 count = os.preadv(handle.fd, [buffer[done:]], offset + done)
                 if count == 0:
@@ -96,11 +125,30 @@ class LocalFiles:
                 done += count
             return done
         finally:
-            with self._lock:
-                handle.users -= 1
-                handle.release()
+            self._release(handle, offset, done)
 
-    def _acquire(self, file: str) -> _OpenFile:
+    def splice_into(self, file: str, offset: int, count: int, pipe: int) -> int:
+        """Move ``count`` bytes of ``file`` at ``offset`` into the pipe ``pipe`` (non-blocking) by reference.
+
+        Returns the count moved: short only when the pipe is full, and the caller then drains it.
+        """
+        handle = self._acquire(file, offset + count)
+        done = 0
+        try:
+            while done < count:
+                try:
+                    moved = os.splice(handle.fd, pipe, count - done, offset_src=offset + done)
+                except BlockingIOError:
+                    break
+                if moved == 0:
+                    raise SourceChanged(f"{file} ends at byte {offset + done}: truncated since it was mounted")
+                done += moved
+            return done
+        finally:
+            self._release(handle, offset, done)
+
+    def _acquire(self, file: str, end: int) -> _OpenFile:
+        """The open descriptor of ``file``, checked to still hold the mounted bytes up to ``end``."""
         with self._lock:
             handle = self._open.get(file)
             if handle is None:
@@ -110,7 +158,43 @@ class LocalFiles:
                 self._recheck(file, handle, stat)
                 self._open[file] = handle
             handle.users += 1
-            return handle
+        try:
+            stat = os.fstat(handle.fd)
+            if (stat.st_ino, stat.st_size, stat.st_mtime_ns) != handle.identity:
+                with self._lock:
+                    self._recheck(file, handle, stat)
+            if handle.changed:
+                raise SourceChanged(f"{file} was replaced or rewritten since it was mounted")
+            if end > stat.st_size:
+                raise SourceChanged(f"{file} is {stat.st_size} bytes: truncated since it was mounted")
+        except BaseException:
+            self._release(handle, 0, 0)
+            raise
+        return handle
+
+    def _release(self, handle: _OpenFile, offset: int, count: int) -> None:
+        with self._lock:
+            if count and self.drop_behind:
+                self._served(handle, offset, offset + count)
+            handle.users -= 1
+            handle.release()
+
+    @staticmethod
+    def _served(handle: _OpenFile, start: int, end: int) -> None:
+        """Note that [start, end) went to the mount's page cache; drop what lies far enough behind."""
+        runs = handle.runs
+        for run in reversed(runs):
+            if run[0] <= start <= run[1]:
+                run[1] = max(run[1], end)
+                cut = (run[1] - DROP_LAG) // DROP_CHUNK * DROP_CHUNK
+                if cut - run[0] >= DROP_CHUNK:
+                    _drop(handle.fd, run[0], cut)
+                    run[0] = cut
+                return
+        runs.append([start, end])
+        if len(runs) > MAX_RUNS:
+            old_start, old_end = runs.pop(0)
+            _drop(handle.fd, old_start, old_end)
 
     def _recheck(self, file: str, handle: _OpenFile, stat: os.stat_result) -> None:
         expected = self._expected.get(file)
@@ -125,6 +209,11 @@ class LocalFiles:
                 log.error("%s: header differs from the one mounted; its reads now fail with EIO", file)
                 handle.changed = True
         handle.identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+    def open_count(self) -> int:
+        """Descriptors open now (for tests and diagnosis)."""
+        with self._lock:
+            return len(self._open)
 
     def close(self) -> None:
         with self._lock:

@@ -22,8 +22,10 @@ import json
 import re
 import stat
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from sys import intern
 
+from .format import TensorEntry
 from .model import Model, Tensor, merged_header
 
 NAME_MAX = 255
@@ -43,23 +45,53 @@ class Blob:
     data: bytes | None = None
 
 
-@dataclass(slots=True)
 class FileNode:
-    inode: int
-    content: Blob
-    mtime_ns: int
-    xattrs: dict[str, bytes] = field(default_factory=dict)
+    """A file: ``size`` bytes of ``file`` at ``offset``, or ``data`` held in memory.
+
+    A tensor's file also keeps its ``TensorEntry``; its extended attributes are made from
+    that when asked for (100,000 tensors would otherwise hold 500,000 small ``bytes``).
+    A plain slotted class: one is made per tensor, and a dataclass would be slower to build.
+    """
+
+    __slots__ = ("inode", "mtime_ns", "size", "file", "offset", "data", "tensor")
+
+    def __init__(self, inode: int, mtime_ns: int, size: int, file: str | None = None, offset: int = 0,
+                 data: bytes | None = None, tensor: TensorEntry | None = None) -> None:
+        self.inode = inode
+        self.mtime_ns = mtime_ns
+        self.size = size
+        self.file = file
+        self.offset = offset
+        self.data = data
+        self.tensor = tensor
 
     @property
-    def size(self) -> int:
-        return self.content.size
+    def content(self) -> Blob:
+        return Blob(size=self.size, file=self.file, offset=self.offset, data=self.data)
+
+    @property
+    def xattrs(self) -> dict[str, bytes]:
+        tensor = self.tensor
+        if tensor is None or self.file is None:
+            return {}
+        return _xattrs(tensor.name, tensor.dtype, tensor.shape, self.file, self.offset)
+
+    def __repr__(self) -> str:
+        return f"FileNode(inode={self.inode}, size={self.size}, file={self.file!r}, offset={self.offset})"
 
 
-@dataclass(slots=True)
 class DirNode:
-    inode: int
-    mtime_ns: int
-    children: dict[str, FileNode | DirNode] = field(default_factory=dict)
+    """A folder: its entries by (escaped) name, in the order they were made."""
+
+    __slots__ = ("inode", "mtime_ns", "children")
+
+    def __init__(self, inode: int, mtime_ns: int) -> None:
+        self.inode = inode
+        self.mtime_ns = mtime_ns
+        self.children: dict[str, FileNode | DirNode] = {}
+
+    def __repr__(self) -> str:
+        return f"DirNode(inode={self.inode}, entries={len(self.children)})"
 
 
 Node = FileNode | DirNode
@@ -88,8 +120,23 @@ def unescape_component(component: str) -> str:
 
 def split_name(name: str, layout: str) -> list[str]:
     """The path components of tensor ``name`` under ``layout`` (``nested`` or ``flat``)."""
+    if layout == "nested" and _plain(name):
+        # The common case, fast: every dot splits and no component needs escaping. Components
+        # are interned: "weight" or "12" stand in many folders, as one str.
+        return [intern(part) if len(part) <= _SHORT else escape_component(part) for part in name.split(".")]
     parts = _SPLIT.split(name) if layout == "nested" else [name]
     return [escape_component(part) for part in parts]
+
+
+_SHORT = NAME_MAX // 4  # a component of this many characters is at most NAME_MAX bytes of UTF-8
+
+
+def _plain(name: str) -> bool:
+    """No character to escape and no dot that would not split (leading, trailing, doubled)."""
+    return not (
+        not name or "%" in name or "/" in name or "\x00" in name or ".." in name
+        or name[0] == "." or name[-1] == "."
+    )
 
 
 def join_path(components: Iterable[str]) -> str:
@@ -102,12 +149,15 @@ class TreeError(Exception):
 
 
 class Tree:
-    """An immutable tree of folders and files with O(1) path lookup."""
+    """An immutable tree of folders and files; lookup walks the path's components from the root.
+
+    No table of whole paths: 100,000 tensors under 120,000 folders would keep 220,000 path
+    strings for lookups that cost a few dict probes anyway.
+    """
 
     def __init__(self, mtime_ns: int) -> None:
         self._next_inode = 1
         self.root = DirNode(inode=self._take_inode(), mtime_ns=mtime_ns)
-        self._paths: dict[str, Node] = {"/": self.root}
         self.data_size = 0
         self.file_count = 0
 
@@ -118,11 +168,21 @@ class Tree:
 
     def lookup(self, path: str) -> Node | None:
         """The node at absolute ``path`` ("/a/b"), or ``None``."""
-        return self._paths.get(path)
+        node: Node = self.root
+        if path == "/":
+            return node
+        for component in path[1:].split("/"):
+            if type(node) is not DirNode:
+                return None
+            found = node.children.get(component)
+            if found is None:
+                return None
+            node = found
+        return node
 
     def listdir(self, path: str) -> list[str] | None:
         """Names in folder ``path``, or ``None`` if it is not a folder."""
-        node = self._paths.get(path)
+        node = self.lookup(path)
         if not isinstance(node, DirNode):
             return None
         return list(node.children)
@@ -137,7 +197,6 @@ class Tree:
             if child is None:
                 child = DirNode(inode=self._take_inode(), mtime_ns=mtime_ns)
                 node.children[component] = child
-                self._paths[path] = child
             elif isinstance(child, FileNode):
                 raise TreeError(f"{path} is both a file and a folder")
             node = child
@@ -150,15 +209,55 @@ class Tree:
         if name in parent.children:
             raise TreeError(f"/{'/'.join(components)} is taken twice")
         parent.children[name] = node
-        self._paths["/" + "/".join(components)] = node
         self.file_count += 1
 
-    def new_file(self, content: Blob, mtime_ns: int, xattrs: dict[str, bytes] | None = None) -> FileNode:
-        return FileNode(inode=self._take_inode(), content=content, mtime_ns=mtime_ns, xattrs=xattrs or {})
+    def add_tensor(self, folder: DirNode, components: list[str], node: FileNode) -> None:
+        """Place a tensor's file at ``components`` below ``folder``.
+
+        A tensor whose path is also a folder (``a.b`` next to ``a.b.c``) is the file ``%``
+        inside that folder, whichever of the two comes first.
+        """
+        self.place_tensor(self.tensor_folder(folder, components[:-1], node.mtime_ns), components[-1], node)
+
+    def tensor_folder(self, folder: DirNode, components: list[str], mtime_ns: int) -> DirNode:
+        """The folder at ``components`` below ``folder``, made if missing; a tensor's file in the way moves in."""
+        parent = folder
+        for component in components:
+            child = parent.children.get(component)
+            if child is None:
+                child = parent.children[component] = DirNode(self._take_inode(), mtime_ns)
+            elif type(child) is not DirNode:  # a tensor's file stands where a folder must go: it moves in as "%"
+                moved = parent.children[component] = DirNode(self._take_inode(), mtime_ns)
+                moved.children[SELF_NAME] = child
+                child = moved
+            parent = child
+        return parent
+
+    def place_tensor(self, parent: DirNode, name: str, node: FileNode) -> None:
+        """Put a tensor's file in ``parent`` as ``name``, or as ``name/%`` if ``name`` is a folder."""
+        child = parent.children.get(name)
+        if child is None:
+            parent.children[name] = node
+        elif type(child) is DirNode and SELF_NAME not in child.children:
+            child.children[SELF_NAME] = node
+        else:
+            raise TreeError(f"tensor file {name!r} is taken twice")
+        self.file_count += 1
+
+    def new_file(self, content: Blob, mtime_ns: int, tensor: TensorEntry | None = None) -> FileNode:
+        return FileNode(self._take_inode(), mtime_ns, content.size, content.file, content.offset, content.data, tensor)
 
     def walk(self) -> Iterator[tuple[str, Node]]:
         """Every (path, node), folders before their contents."""
-        yield from self._paths.items()
+        yield "/", self.root
+        stack: list[tuple[str, DirNode]] = [("", self.root)]
+        while stack:
+            prefix, folder = stack.pop(0)
+            for name, child in folder.children.items():
+                path = f"{prefix}/{name}"
+                yield path, child
+                if isinstance(child, DirNode):
+                    stack.append((path, child))
 
 
 def build_tree(models: list[Model], layout: str = "nested") -> Tree:
@@ -185,8 +284,7 @@ def _add_model(tree: Tree, base: list[str], model: Model, layout: str) -> None:
         header_blob = Blob(size=header.json_length, file=header.path, offset=8)
     tree.add_file([*base, "header.json"], tree.new_file(header_blob, model_mtime))
     _add_metadata(tree, [*base, "metadata"], model.metadata, model_mtime)
-    tree.folder([*base, "tensors"], model_mtime)
-    _add_tensors(tree, [*base, "tensors"], model.tensors, layout, model)
+    _add_tensors(tree, tree.folder([*base, "tensors"], model_mtime), layout, model)
     if model.index_path is not None:
         with open(model.index_path, "rb") as stream:
             tree.add_file([*base, "index.json"], tree.new_file(_memory_blob(stream.read()), model_mtime))
@@ -212,30 +310,39 @@ def _add_metadata(tree: Tree, folder: list[str], metadata: dict[str, str] | obje
         tree.add_file([*folder, escape_component(key)], tree.new_file(blob, mtime_ns))
 
 
-def _add_tensors(tree: Tree, folder: list[str], tensors: tuple[Tensor, ...], layout: str, model: Model) -> None:
-    mtimes = {shard.header.path: shard.header.mtime_ns for shard in model.shards}
-    paths = [split_name(tensor.name, layout) for tensor in tensors]
-    # A name that is also a folder (a.b next to a.b.c) moves into that folder as "%".
-    folders = {tuple(components[:i]) for components in paths for i in range(1, len(components))}
-    for tensor, components in zip(tensors, paths):
-        if tuple(components) in folders:
-            components = [*components, SELF_NAME]
-        node = tree.new_file(
-            Blob(size=tensor.size, file=tensor.file, offset=tensor.offset),
-            mtimes[tensor.file],
-            tensor_xattrs(tensor),
-        )
-        tree.add_file([*folder, *components], node)
+def _add_tensors(tree: Tree, folder: DirNode, layout: str, model: Model) -> None:
+    # Neighbouring tensors share folders (model.layers.7.mlp.up_proj.weight and .bias): remember
+    # each folder by its dotted prefix and walk the path only for a prefix not seen yet.
+    folders: dict[str, DirNode] = {}
+    nested = layout == "nested"
+    for shard in model.shards:
+        header = shard.header
+        file, start, mtime = header.path, header.data_start, header.mtime_ns
+        for entry in header.tensors:
+            name = entry.name
+            node = FileNode(tree._take_inode(), mtime, entry.end - entry.begin, file, start + entry.begin, None, entry)
+            if nested and _plain(name):
+                prefix, dot, leaf = name.rpartition(".")
+                parent = folders.get(prefix) if dot else folder
+                if parent is None:
+                    parent = folders[prefix] = tree.tensor_folder(folder, split_name(prefix, layout), mtime)
+                tree.place_tensor(parent, intern(leaf) if len(leaf) <= _SHORT else escape_component(leaf), node)
+            else:
+                tree.add_tensor(folder, split_name(name, layout), node)
 
 
 def tensor_xattrs(tensor: Tensor) -> dict[str, bytes]:
     """The ``user.safetensors.*`` extended attributes of a tensor file (SPEC §2)."""
+    return _xattrs(tensor.name, tensor.dtype, tensor.shape, tensor.file, tensor.offset)
+
+
+def _xattrs(name: str, dtype: str, shape: tuple[int, ...], file: str, offset: int) -> dict[str, bytes]:
     return {
-        "user.safetensors.name": tensor.name.encode("utf-8", "surrogatepass"),
-        "user.safetensors.dtype": tensor.dtype.encode(),
-        "user.safetensors.shape": json.dumps(list(tensor.shape), separators=(",", ":")).encode(),
-        "user.safetensors.file": tensor.file.encode("utf-8", "surrogateescape"),
-        "user.safetensors.offset": str(tensor.offset).encode(),
+        "user.safetensors.name": name.encode("utf-8", "surrogatepass"),
+        "user.safetensors.dtype": dtype.encode(),
+        "user.safetensors.shape": json.dumps(list(shape), separators=(",", ":")).encode(),
+        "user.safetensors.file": file.encode("utf-8", "surrogateescape"),
+        "user.safetensors.offset": str(offset).encode(),
     }
 
 
