@@ -217,7 +217,7 @@ def many_model(folder: str, count: int) -> str:
 class Mount:
     """One background ``stfs mount`` with STFS_STATS on; ``stats()`` asks the daemon for its counters."""
 
-    def __init__(self, source: str, mountpoint: str, options: list[str]) -> None:
+    def __init__(self, source: str, mountpoint: str, options: list[str], stats: bool = True) -> None:
         self.source = source
         self.mountpoint = mountpoint
         self.stats_path = mountpoint.rstrip("/") + ".stats.json"
@@ -227,7 +227,7 @@ class Mount:
         command = stfs_command("mount", source, mountpoint)
         for option in options:
             command += ["-o", option]
-        env = dict(environment(), STFS_STATS=self.stats_path)
+        env = dict(environment(), STFS_STATS=self.stats_path) if stats else environment()
         started = time.perf_counter()
         result = subprocess.run(command, capture_output=True, text=True, env=env)
         self.seconds = time.perf_counter() - started
@@ -280,9 +280,49 @@ class Mount:
             time.sleep(0.02)
 
 
+class CReference:
+    """scripts/cref.c, a minimal C libfuse3 server of one file (``/big``), mounted like stfs for comparison."""
+
+    def __init__(self, binary: str, source: str, offset: int, size: int, mountpoint: str) -> None:
+        self.mountpoint = mountpoint
+        os.makedirs(mountpoint, exist_ok=True)
+        options = "ro,kernel_cache,attr_timeout=86400,entry_timeout=86400,fsname=cref"
+        self.process = subprocess.Popen([binary, source, str(offset), str(size), mountpoint, "-f", "-o", options],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mountpoint):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the C reference server did not mount")
+            time.sleep(0.02)
+        os.stat(os.path.join(mountpoint, "big"))  # INIT done: the readahead setting now sticks
+        device = [line.split()[2] for line in open("/proc/self/mountinfo") if line.split()[4] == mountpoint][-1]
+        with contextlib.suppress(OSError), open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as stream:
+            stream.write("1024")  # 1 MiB requests, libfuse's most
+        self.file = os.path.join(mountpoint, "big")
+
+    def unmount(self) -> None:
+        subprocess.run(["fusermount3", "-u", self.mountpoint], check=True)
+        self.process.wait(timeout=20)
+
+
+def c_reference(args: argparse.Namespace) -> str | None:
+    """The built C reference server, or None without gcc or libfuse3 (the figures are then left out)."""
+    if args.no_c_reference or shutil.which("gcc") is None:
+        return None
+    binary = os.path.join(args.data, "cref")
+    source = os.path.join(REPO, "scripts", "cref.c")
+    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(source):
+        result = subprocess.run(["gcc", "-O2", "-o", binary, source, "-l:libfuse3.so.3"], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            log(f"cannot build the C reference: {result.stderr.strip()[:200]}")
+            return None
+    return binary
+
+
 @contextlib.contextmanager
-def mounted(source: str, mountpoint: str, options: list[str]) -> Iterator[Mount]:
-    mount = Mount(source, mountpoint, options)
+def mounted(source: str, mountpoint: str, options: list[str], stats: bool = True) -> Iterator[Mount]:
+    mount = Mount(source, mountpoint, options, stats)
     try:
         yield mount
     finally:
@@ -333,6 +373,19 @@ def bench_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
             reread_reads.append(read_summary(after_first, after_reread))
             log(f"run {run}: first {size / first[-1] / 1e9:.2f} GB/s ({first_reads[-1]['reads']} reads), "
                 f"reread {size / reread[-1] / 1e9:.2f} GB/s ({reread_reads[-1]['reads']} reads)")
+    binary = c_reference(args)
+    if binary is not None:
+        cref = []
+        for _ in range(args.runs):
+            warm(source)
+            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
+            try:
+                cref.append(dd_seconds(server.file))
+            finally:
+                server.unmount()
+        cref_gbs = size / median(cref) / 1e9
+        results["c_reference_first"] = {"seconds": cref, "gb_per_s": cref_gbs, "ratio": cref_gbs / direct_gbs}
+        log(f"C reference first: {cref_gbs:.2f} GB/s")
     first_gbs = size / median(first) / 1e9
     reread_gbs = size / median(reread) / 1e9
     results["first"] = {"seconds": first, "gb_per_s": first_gbs, "ratio": first_gbs / direct_gbs,
@@ -419,7 +472,22 @@ def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
                             "mean_us": statistics.fmean(samples)})
         log(f"latency: mount p50 {mount_runs[-1]['p50_us']:.1f} us p99 {mount_runs[-1]['p99_us']:.1f} us "
             f"({daemon['reads']} reads); source p50 {source_runs[-1]['p50_us']:.1f} us")
+    binary = c_reference(args)
+    cref_runs = []
+    if binary is not None:
+        for _ in range(args.runs):
+            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
+            try:
+                samples = timed(server.file, 0)
+            finally:
+                server.unmount()
+            cref_runs.append({"p50_us": percentile(samples, 0.5), "p99_us": percentile(samples, 0.99),
+                              "mean_us": statistics.fmean(samples)})
+            log(f"latency: C reference p50 {cref_runs[-1]['p50_us']:.1f} us p99 {cref_runs[-1]['p99_us']:.1f} us")
     results["latency"] = {
+        "c_reference_p50_us": median([r["p50_us"] for r in cref_runs]) if cref_runs else None,
+        "c_reference_p99_us": median([r["p99_us"] for r in cref_runs]) if cref_runs else None,
+        "c_reference_runs": cref_runs,
         "preads": args.preads,
         "p50_us": median([r["p50_us"] for r in mount_runs]),
         "p99_us": median([r["p99_us"] for r in mount_runs]),
@@ -500,6 +568,9 @@ def table(results: dict[str, Any]) -> str:
 
     if "direct" in results:
         add("direct dd (GB/s)", f"{results['direct']['gb_per_s']:.2f}")
+    if "c_reference_first" in results:
+        cref = results["c_reference_first"]
+        add("C reference first dd (GB/s) / direct", f"{cref['gb_per_s']:.2f} / {cref['ratio']:.2f}")
     if "first" in results:
         first = results["first"]
         add("first dd (GB/s)", f"{first['gb_per_s']:.2f}")
@@ -523,8 +594,14 @@ def table(results: dict[str, Any]) -> str:
         add("copies: readers' Pss/Rss", ratios, "Pss ~ Rss/2")
     if "latency" in results:
         latency = results["latency"]
-        add("latency 4 KiB p50 / p99 (us)", f"{latency['p50_us']:.1f} / {latency['p99_us']:.1f}", "p50 <= 16-18",
-            check("latency_p50_us", latency["p50_us"]))
+        cref_p50 = latency.get("c_reference_p50_us")
+        if cref_p50:
+            target, verdict = f"<= 2x C ({2 * cref_p50:.1f})", "ok" if latency["p50_us"] <= 2 * cref_p50 else "MISSED"
+        else:
+            target, verdict = "p50 <= 16-18", check("latency_p50_us", latency["p50_us"])
+        add("latency 4 KiB p50 / p99 (us)", f"{latency['p50_us']:.1f} / {latency['p99_us']:.1f}", target, verdict)
+        if cref_p50:
+            add("  C reference p50 / p99 (us)", f"{cref_p50:.1f} / {latency['c_reference_p99_us']:.1f}")
         add("  source p50 / p99 (us)", f"{latency['source_p50_us']:.1f} / {latency['source_p99_us']:.1f}")
     for count, entry in results.get("mount", {}).items():
         target = {"300": "<= 0.1 s", "100000": "<= 2 s"}.get(count, "")
@@ -562,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(SECTIONS), help="run only these sections")
     parser.add_argument("-o", dest="option", action="append", default=[], help="extra stfs mount -o options")
     parser.add_argument("--clean", action="store_true", help="delete the generated models afterwards")
+    parser.add_argument("--no-c-reference", action="store_true",
+                        help="skip the C libfuse3 server (scripts/cref.c, built with gcc) measured alongside")
     args = parser.parse_args(argv)
     os.makedirs(args.data, exist_ok=True)
     results: dict[str, Any] = {

@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
     mount.add_argument("--max-open-files", type=int, default=256, metavar="N",
                        help="source files kept open at once (default 256)")
+    mount.add_argument("--threads", action="store_true",
+                       help="serve requests with libfuse's thread pool (default: one thread, faster under the GIL)")
+    mount.add_argument("--keep-source-cache", action="store_true",
+                       help="keep the source's page cache; by default pages served into the mount's own cache "
+                            "are dropped from the source's, so each page is in RAM once")
 
     unmount = commands.add_parser("unmount", help="unmount, also a mount whose daemon died")
     _common(unmount)
@@ -55,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_mount(args: argparse.Namespace) -> int:
     from .daemon import default_log_file, plan_mount, run_background, run_foreground
 
-    plan = plan_mount(args.source, args.mountpoint, args.layout, args.options, args.max_open_files)
+    plan = plan_mount(args.source, args.mountpoint, args.layout, args.options, args.max_open_files,
+                      threads=args.threads, keep_source_cache=args.keep_source_cache)
     for warning in plan.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
     if args.foreground:

@@ -30,6 +30,8 @@ DEFAULT_OPTIONS = {
     "negative_timeout": 86400,
     "use_ino": True,
     "subtype": "stfs",
+    # One thread: under the GIL, libfuse's pool only adds hand-offs (docs/benchmarks.md); --threads to change.
+    "nothreads": True,
 }
 
 
@@ -56,8 +58,12 @@ def parse_options(text_options: list[str]) -> dict[str, object]:
 
 
 def plan_mount(source: str, mountpoint: str, layout: str = "nested", options: list[str] | None = None,
-               max_open_files: int = 256) -> MountPlan:
-    """Validate SOURCE and MOUNTPOINT and build the tree; raise ``StfsError`` on any problem."""
+               max_open_files: int = 256, threads: bool = False, keep_source_cache: bool = False) -> MountPlan:
+    """Validate SOURCE and MOUNTPOINT and build the tree; raise ``StfsError`` on any problem.
+
+    ``threads`` serves with libfuse's thread pool instead of one thread; ``keep_source_cache``
+    leaves the source's page cache alone instead of dropping pages once served (source.py).
+    """
     mountpoint = os.path.abspath(mountpoint)
     check_mountpoint(mountpoint)
     models = resolve(source)
@@ -66,13 +72,16 @@ def plan_mount(source: str, mountpoint: str, layout: str = "nested", options: li
     except TreeError as exc:
         raise errors.SourceError(str(exc)) from None
     merged = {**DEFAULT_OPTIONS, "fsname": _fsname(source), **parse_options(options or [])}
+    if threads:
+        merged.pop("nothreads", None)
     if merged.get("allow_other"):
         merged["default_permissions"] = True  # with other users in, the kernel enforces the 0444/0555 modes
     return MountPlan(
         source=os.path.abspath(source),
         mountpoint=mountpoint,
         tree=tree,
-        files=LocalFiles(_expectations(models), max_open=max_open_files),
+        files=LocalFiles(_expectations(models), max_open=max_open_files, drop_behind=not keep_source_cache,
+                         threaded=not merged.get("nothreads")),
         options=merged,
         warnings=[warning for model in models for warning in model.warnings],
     )

@@ -68,7 +68,7 @@ class StfsOperations(Operations):
         self._on_ready = on_ready
         self._uid = os.getuid()
         self._gid = os.getgid()
-        self._files: dict[int, FileNode] = {}
+        self.open_files: dict[int, FileNode] = {}  # by file handle: the tensor's inode
 
     def _lookup(self, path: str) -> Node:
         node = self.tree.lookup(path)
@@ -131,11 +131,11 @@ class StfsOperations(Operations):
             raise FuseOSError(errno.EROFS)
         if isinstance(node, DirNode):
             raise FuseOSError(errno.EISDIR)
-        self._files[node.inode] = node
+        self.open_files[node.inode] = node
         return node.inode
 
     def _file(self, path: str | None, fh: int) -> FileNode:
-        node = self._files.get(fh)
+        node = self.open_files.get(fh)
         if node is None and path is not None:
             found = self._lookup(path)
             if isinstance(found, DirNode):
@@ -159,15 +159,6 @@ class StfsOperations(Operations):
         """
         node = self._file(path, fh)
         return node, max(0, min(size, node.size - offset))
-
-    @_eio_on_surprise
-    def splice_into(self, node: FileNode, offset: int, count: int, pipe: int) -> int:
-        """Move up to ``count`` bytes of the source-backed file ``node`` at ``offset`` into ``pipe``; return the count."""
-        assert node.file is not None
-        splice = getattr(self.source, "splice_into", None)
-        if splice is None:
-            return 0
-        return splice(node.file, node.offset + offset, count, pipe)
 
     @_eio_on_surprise
     def read_into(self, path: str | None, buffer: memoryview, offset: int, fh: int) -> int:
@@ -243,6 +234,8 @@ _libc.calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
 _libc.free.restype = None
 _libc.free.argtypes = [ctypes.c_void_p]
 _POINTER = struct.Struct("@P")
+_BUFVEC_MEMORY = ctypes.c_char * _BUFVEC_ALLOCATION
+_BUFVEC_POINTER = ctypes.POINTER(mfusepy.fuse_bufvec)
 
 
 def _stat_layout() -> tuple[struct.Struct, list[int]]:
@@ -337,11 +330,14 @@ class StfsFUSE(mfusepy.FUSE):
         self._local = threading.local()
         self._max_read = int(options.get("max_read", 0))
         self._dirent = mfusepy.c_stat()
+        self.source = operations.source
+        if stats is not None:  # mfusepy wraps every callback in self._wrapper: count there, only when asked
+            self._wrapper = self._counting_wrapper  # type: ignore[method-assign]
         super().__init__(operations, mountpoint, **options)  # serves until unmounted
 
-    def _wrapper(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self.stats is not None:
-            self.stats.count_call(func.__name__)
+    def _counting_wrapper(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        assert self.stats is not None
+        self.stats.count_call(func.__name__)
         return super()._wrapper(func, *args, **kwargs)
 
     def init_fuse_3(self, conn: Any, config: Any) -> None:
@@ -373,35 +369,56 @@ class StfsFUSE(mfusepy.FUSE):
         return 0
 
     def read_buf(self, path: bytes | None, bufpp: Any, size: int, offset: int, fip: Any) -> int:
-        fh = fip.contents.fh
-        decoded = None if path is None else path.decode(self.encoding, self.errors)
+        # The hot path (one call per request): no decorated calls, no Python objects it can avoid.
         operations = self.operations
-        node, count = operations.read_buf(decoded, size, offset, fh)
+        fh = fip.contents.fh
+        node = operations.open_files.get(fh)
+        if node is None:
+            node, _ = operations.read_buf(None if path is None else path.decode(self.encoding, self.errors),
+                                          size, offset, fh)
+        count = min(size, node.size - offset)
+        if count < 0:
+            count = 0
         if self.stats is not None:
             self.stats.count_read(size, count)
-        if count >= _SPLICE_MIN and node.file is not None and _SPLICE:
-            pipe = self._pipe()
-            if count <= pipe.limit:
-                if not pipe.is_empty():  # left over from a reply libfuse gave up on
-                    pipe.drain()
-                try:
-                    moved = operations.splice_into(node, offset, count, pipe.write_fd)
-                except BaseException:
-                    pipe.drain()
-                    raise
-                if moved == count:
-                    return self._reply(bufpp, count, FUSE_BUF_IS_FD, 0, pipe.read_fd)
-                pipe.drain()  # the pipe filled up (or the source cannot splice): copy instead
-        memory = _libc.malloc(max(count, 1))
-        if not memory:
-            raise FuseOSError(errno.ENOMEM)
+        file = node.file
         try:
-            view = memoryview((ctypes.c_char * count).from_address(memory)).cast("B")
-            count = operations.read_into(decoded, view, offset, fh)
+            if file is not None and count >= _SPLICE_MIN and _SPLICE:
+                pipe = self._pipe()
+                if count <= pipe.limit and self._splice(file, node.offset + offset, count, pipe):
+                    return self._reply(bufpp, count, FUSE_BUF_IS_FD, 0, pipe.read_fd)
+            memory = _libc.malloc(count or 1)
+            if not memory:
+                raise FuseOSError(errno.ENOMEM)
+            try:
+                buffer = (ctypes.c_char * count).from_address(memory)
+                if file is None:
+                    assert node.data is not None
+                    buffer[:] = node.data[offset : offset + count]
+                elif count:
+                    count = self.source.read_into(file, node.offset + offset, buffer)
+            except BaseException:
+                _libc.free(memory)
+                raise
+            return self._reply(bufpp, count, 0, memory, -1)
+        except OSError as exc:
+            if isinstance(exc, FuseOSError):
+                raise
+            log.error("read of %s at %d failed: %s", file, offset, exc)
+            raise FuseOSError(errno.EIO) from exc
+
+    def _splice(self, file: str, offset: int, count: int, pipe: _Pipe) -> bool:
+        """Splice ``count`` bytes into ``pipe``; False (pipe emptied) if it filled up first."""
+        if not pipe.is_empty():  # left over from a reply libfuse gave up on
+            pipe.drain()
+        try:
+            if self.source.splice_into(file, offset, count, pipe.write_fd) == count:
+                return True
         except BaseException:
-            _libc.free(memory)
+            pipe.drain()
             raise
-        return self._reply(bufpp, count, 0, memory, -1)
+        pipe.drain()
+        return False
 
     @staticmethod
     def _reply(bufpp: Any, count: int, flags: int, memory: int, fd: int) -> int:
@@ -410,8 +427,9 @@ class StfsFUSE(mfusepy.FUSE):
             if memory:
                 _libc.free(memory)
             raise FuseOSError(errno.ENOMEM)
-        ctypes.memmove(bufvec, _BUFVEC.pack(1, 0, 0, count, flags, memory, fd, 0), _BUFVEC.size)
-        ctypes.memmove(bufpp, _POINTER.pack(bufvec), _POINTER.size)
+        # pack_into and a pointer made from bytes: fewer foreign calls than two ctypes.memmove
+        _BUFVEC.pack_into(_BUFVEC_MEMORY.from_address(bufvec), 0, 1, 0, 0, count, flags, memory, fd, 0)
+        bufpp[0] = _BUFVEC_POINTER.from_buffer_copy(_POINTER.pack(bufvec))
         return 0
 
     def _pipe(self) -> _Pipe:

@@ -28,30 +28,44 @@ class Stats:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._calls: Counter[str] = Counter()
-        self._read_sizes: Counter[int] = Counter()
-        self._read_bytes = 0
+        self._local = threading.local()
+        self._counters: list[_Counters] = []  # one per thread that counted: no lock on the hot path
         self._dumps = 0
 
+    def _mine(self) -> _Counters:
+        counters: _Counters | None = getattr(self._local, "counters", None)
+        if counters is None:
+            counters = self._local.counters = _Counters()
+            with self._lock:
+                self._counters.append(counters)
+        return counters
+
     def count_call(self, name: str) -> None:
-        with self._lock:
-            self._calls[name] += 1
+        self._mine().calls[name] += 1
 
     def count_read(self, requested: int, served: int) -> None:
-        with self._lock:
-            self._read_sizes[requested] += 1
-            self._read_bytes += served
+        counters = self._mine()
+        counters.read_sizes[requested] += 1
+        counters.read_bytes += served
 
     def snapshot(self) -> dict[str, object]:
+        calls: Counter[str] = Counter()
+        sizes: Counter[int] = Counter()
+        read_bytes = 0
         with self._lock:
-            return {
-                "pid": os.getpid(),
-                "dumps": self._dumps,
-                "calls": dict(self._calls),
-                "reads": sum(self._read_sizes.values()),
-                "read_bytes": self._read_bytes,
-                "read_sizes": {str(size): count for size, count in sorted(self._read_sizes.items())},
-            }
+            for counters in self._counters:  # a thread may count while this adds up: a figure or two late
+                calls.update(counters.calls.copy())
+                sizes.update(counters.read_sizes.copy())
+                read_bytes += counters.read_bytes
+            dumps = self._dumps
+        return {
+            "pid": os.getpid(),
+            "dumps": dumps,
+            "calls": dict(calls),
+            "reads": sum(sizes.values()),
+            "read_bytes": read_bytes,
+            "read_sizes": {str(size): count for size, count in sorted(sizes.items())},
+        }
 
     def dump(self) -> None:
         """Write the counters to ``path`` atomically (a reader never sees half a file)."""
@@ -77,6 +91,15 @@ class Stats:
                 self.dump()
 
         threading.Thread(target=wait, name="stfs-stats", daemon=True).start()
+
+
+class _Counters:
+    __slots__ = ("calls", "read_sizes", "read_bytes")
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.read_sizes: Counter[int] = Counter()
+        self.read_bytes = 0
 
 
 def from_environment() -> Stats | None:
