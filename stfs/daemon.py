@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import select
@@ -66,11 +67,18 @@ def plan_mount(source: str, mountpoint: str, layout: str = "nested", options: li
     """
     mountpoint = os.path.abspath(mountpoint)
     check_mountpoint(mountpoint)
-    models = resolve(source)
+    # Millions of objects and no garbage cycles: the cyclic GC would walk them all again and again
+    # (a 100,000-tensor mount took 2-3x longer with it on).
+    collecting = gc.isenabled()
+    gc.disable()
     try:
+        models = resolve(source)
         tree = build_tree(models, layout)
     except TreeError as exc:
         raise errors.SourceError(str(exc)) from None
+    finally:
+        if collecting:
+            gc.enable()
     merged = {**DEFAULT_OPTIONS, "fsname": _fsname(source), **parse_options(options or [])}
     if threads:
         merged.pop("nothreads", None)
@@ -127,6 +135,7 @@ def default_log_file(mountpoint: str) -> str:
 
 def run_foreground(plan: MountPlan, debug: bool = False) -> None:
     """Serve ``plan`` in this process until it is unmounted or sent SIGTERM/SIGINT."""
+    gc.freeze()  # the tree lives as long as the mount: no collection need ever look at it again
     _serve(plan, lambda: None, debug=debug)
 
 
@@ -145,6 +154,7 @@ def _serve(plan: MountPlan, then: Callable[[], None], debug: bool = False) -> No
 
 def run_background(plan: MountPlan, log_file: str) -> int:
     """Fork a daemon that serves ``plan``; return its PID once the mount is ready, or raise ``MountError``."""
+    gc.freeze()  # the tree lives as long as the daemon: no collection need ever look at it again
     read_end, write_end = os.pipe()
     pid = os.fork()  # before any thread exists: libfuse starts its threads in the child
     if pid == 0:

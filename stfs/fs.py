@@ -103,18 +103,17 @@ class StfsOperations(Operations):
         return self._lookup(path)
 
     @_eio_on_surprise
-    def directory(self, path: str) -> tuple[DirNode, DirNode]:
-        """The folder at ``path`` and its parent (the root's parent is itself)."""
+    def directory(self, path: str) -> DirNode:
+        """The folder at ``path``; ``ENOENT`` or ``ENOTDIR`` otherwise."""
         node = self._lookup(path)
         if not isinstance(node, DirNode):
             raise FuseOSError(errno.ENOTDIR)
-        parent = self.tree.lookup(os.path.dirname(path)) or node
-        assert isinstance(parent, DirNode)
-        return node, parent
+        return node
 
     @_eio_on_surprise
     def readdir(self, path: str, fh: int) -> list[Any]:
-        node, parent = self.directory(path)
+        node = self.directory(path)
+        parent = node.parent
         # use_ino: an entry with inode 0 is skipped by readdir(3), so "." and ".." carry theirs
         entries: list[Any] = [
             (".", {"st_mode": file_mode(node), "st_ino": node.inode}, 0),
@@ -219,6 +218,7 @@ class StfsOperations(Operations):
 
 FUSE_CAP_SPLICE_WRITE = 1 << 7
 FUSE_BUF_IS_FD = 1 << 1
+FUSE_FILL_DIR_PLUS = 1 << 1
 # struct fuse_bufvec {size_t count, idx, off; struct fuse_buf {size_t size; enum flags; void *mem; int fd;
 # off_t pos;} buf[1];}, native alignment; libfuse frees it (and a memory buffer's mem) with free().
 _BUFVEC = struct.Struct("@NNNNiPiq")
@@ -329,7 +329,8 @@ class StfsFUSE(mfusepy.FUSE):
         self.stats = stats
         self._local = threading.local()
         self._max_read = int(options.get("max_read", 0))
-        self._dirent = mfusepy.c_stat()
+        self._folder_entry = mfusepy.c_stat(st_mode=DIR_MODE, st_nlink=2)
+        self._file_entry = mfusepy.c_stat(st_mode=FILE_MODE, st_nlink=1)
         self.source = operations.source
         if stats is not None:  # mfusepy wraps every callback in self._wrapper: count there, only when asked
             self._wrapper = self._counting_wrapper  # type: ignore[method-assign]
@@ -357,14 +358,26 @@ class StfsFUSE(mfusepy.FUSE):
         return 0
 
     def readdir_fuse_3(self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
-        # Only the type and inode of an entry reach the kernel (mfusepy's notes on readdir): fill those.
-        node, parent = self.operations.directory(b"/" if path is None else path.decode(self.encoding, self.errors))
-        entry = self._dirent
+        # A file's entry needs only its type and inode (mfusepy's notes on readdir). A folder's is
+        # flagged "plus": libfuse looks it up at once and READDIRPLUS hands the kernel its dentry and
+        # attributes, so walking into it (find, ls -R) costs no LOOKUP request.
+        node = self.operations.directory("/" if path is None else path.decode(self.encoding, self.errors))
+        folder, file = self._folder_entry, self._file_entry
         encoding, errors = self.encoding, self.errors
-        for name, child in ((".", node), ("..", parent), *node.children.items()):
-            entry.st_mode = DIR_MODE if type(child) is DirNode else FILE_MODE
-            entry.st_ino = child.inode
-            if filler(buf, name.encode(encoding, errors), entry, 0, 0):
+        folder.st_ino = node.inode
+        if filler(buf, b".", folder, 0, 0):
+            return 0
+        folder.st_ino = node.parent.inode
+        if filler(buf, b"..", folder, 0, 0):
+            return 0
+        for name, child in node.children.items():
+            if type(child) is DirNode:
+                folder.st_ino = child.inode
+                full = filler(buf, name.encode(encoding, errors), folder, 0, FUSE_FILL_DIR_PLUS)
+            else:
+                file.st_ino = child.inode
+                full = filler(buf, name.encode(encoding, errors), file, 0, 0)
+            if full:
                 break
         return 0
 

@@ -83,12 +83,13 @@ class FileNode:
 class DirNode:
     """A folder: its entries by (escaped) name, in the order they were made."""
 
-    __slots__ = ("inode", "mtime_ns", "children")
+    __slots__ = ("inode", "mtime_ns", "children", "parent")
 
-    def __init__(self, inode: int, mtime_ns: int) -> None:
+    def __init__(self, inode: int, mtime_ns: int, parent: DirNode | None = None) -> None:
         self.inode = inode
         self.mtime_ns = mtime_ns
         self.children: dict[str, FileNode | DirNode] = {}
+        self.parent = self if parent is None else parent  # the root is its own parent, as "/.." is "/"
 
     def __repr__(self) -> str:
         return f"DirNode(inode={self.inode}, entries={len(self.children)})"
@@ -195,7 +196,7 @@ class Tree:
             path += "/" + component
             child = node.children.get(component)
             if child is None:
-                child = DirNode(inode=self._take_inode(), mtime_ns=mtime_ns)
+                child = DirNode(self._take_inode(), mtime_ns, node)
                 node.children[component] = child
             elif isinstance(child, FileNode):
                 raise TreeError(f"{path} is both a file and a folder")
@@ -225,9 +226,9 @@ class Tree:
         for component in components:
             child = parent.children.get(component)
             if child is None:
-                child = parent.children[component] = DirNode(self._take_inode(), mtime_ns)
+                child = parent.children[component] = DirNode(self._take_inode(), mtime_ns, parent)
             elif type(child) is not DirNode:  # a tensor's file stands where a folder must go: it moves in as "%"
-                moved = parent.children[component] = DirNode(self._take_inode(), mtime_ns)
+                moved = parent.children[component] = DirNode(self._take_inode(), mtime_ns, parent)
                 moved.children[SELF_NAME] = child
                 child = moved
             parent = child
@@ -311,10 +312,18 @@ def _add_metadata(tree: Tree, folder: list[str], metadata: dict[str, str] | obje
 
 
 def _add_tensors(tree: Tree, folder: DirNode, layout: str, model: Model) -> None:
-    # Neighbouring tensors share folders (model.layers.7.mlp.up_proj.weight and .bias): remember
-    # each folder by its dotted prefix and walk the path only for a prefix not seen yet.
-    folders: dict[str, DirNode] = {}
+    # Neighbouring tensors share folders (model.layers.7.mlp.up_proj.weight and .bias): each folder
+    # is remembered by its dotted prefix, and a new one is made below the longest prefix known.
+    folders: dict[str, DirNode] = {"": folder}
     nested = layout == "nested"
+
+    def folder_of(prefix: str, mtime_ns: int) -> DirNode:
+        found = folders.get(prefix)
+        if found is None:
+            above, _, last = prefix.rpartition(".")
+            found = folders[prefix] = tree.tensor_folder(folder_of(above, mtime_ns), [_component(last)], mtime_ns)
+        return found
+
     for shard in model.shards:
         header = shard.header
         file, start, mtime = header.path, header.data_start, header.mtime_ns
@@ -322,13 +331,15 @@ def _add_tensors(tree: Tree, folder: DirNode, layout: str, model: Model) -> None
             name = entry.name
             node = FileNode(tree._take_inode(), mtime, entry.end - entry.begin, file, start + entry.begin, None, entry)
             if nested and _plain(name):
-                prefix, dot, leaf = name.rpartition(".")
-                parent = folders.get(prefix) if dot else folder
-                if parent is None:
-                    parent = folders[prefix] = tree.tensor_folder(folder, split_name(prefix, layout), mtime)
-                tree.place_tensor(parent, intern(leaf) if len(leaf) <= _SHORT else escape_component(leaf), node)
+                prefix, _, leaf = name.rpartition(".")
+                tree.place_tensor(folder_of(prefix, mtime), _component(leaf), node)
             else:
                 tree.add_tensor(folder, split_name(name, layout), node)
+
+
+def _component(part: str) -> str:
+    """A piece of a plain name (``_plain``) as a path component."""
+    return intern(part) if len(part) <= _SHORT else escape_component(part)
 
 
 def tensor_xattrs(tensor: Tensor) -> dict[str, bytes]:
