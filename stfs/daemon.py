@@ -91,9 +91,9 @@ def _expectations(models: list[Model]) -> dict[str, Expectation]:
 
 
 def check_mountpoint(mountpoint: str) -> None:
+    if _is_dead_mount(mountpoint):
+        raise errors.MountError(f"{mountpoint}: a mount whose daemon died is still there; run `stfs unmount {mountpoint}`")
     if not os.path.exists(mountpoint):
-        if _is_dead_mount(mountpoint):
-            raise errors.MountError(f"{mountpoint}: a dead stfs mount is still there; run `stfs unmount {mountpoint}`")
         raise errors.MountError(f"{mountpoint}: mountpoint does not exist")
     if not os.path.isdir(mountpoint):
         raise errors.MountError(f"{mountpoint}: mountpoint is not a directory")
@@ -103,7 +103,7 @@ def check_mountpoint(mountpoint: str) -> None:
 
 def _is_dead_mount(mountpoint: str) -> bool:
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)  # stat() may be answered from the kernel's attribute cache; statfs never is
     except OSError as exc:
         return exc.errno == 107  # ENOTCONN: "Transport endpoint is not connected"
     return False

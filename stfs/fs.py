@@ -59,6 +59,7 @@ class StfsOperations(Operations):
         self._uid = os.getuid()
         self._gid = os.getgid()
         self._files: dict[int, FileNode] = {}
+        self.served = False  # set once the kernel has connected
 
     def _lookup(self, path: str) -> Node:
         node = self.tree.lookup(path)
@@ -67,6 +68,7 @@ class StfsOperations(Operations):
         return node
 
     def init(self, path: str) -> None:
+        self.served = True
         if self._on_ready is not None:
             self._on_ready()
 
@@ -205,6 +207,12 @@ class StfsFUSE(mfusepy.FUSE):
 
 
 def serve(operations: StfsOperations, mountpoint: str, foreground: bool = True, **options: Any) -> None:
-    """Run the filesystem until it is unmounted (blocks)."""
-    StfsFUSE(operations, mountpoint, foreground=foreground, **options)
+    """Run the filesystem until it is unmounted or stopped by SIGTERM/SIGINT (blocks)."""
+    try:
+        StfsFUSE(operations, mountpoint, foreground=foreground, **options)
+    except RuntimeError as exc:
+        # libfuse's loop reports the signal that stopped it as an error; after a served mount that is a clean stop
+        if not operations.served:
+            raise RuntimeError(f"libfuse could not mount {mountpoint} (error {exc})") from None
+        log.info("stopped by signal %s; unmounted %s", exc, mountpoint)
 
