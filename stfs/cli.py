@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -13,14 +14,16 @@ from .model import InvalidModel, discover, load
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
     parser.add_argument("--version", action="version", version=f"stfs {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    # A subcommand's own default would overwrite ``stfs --debug COMMAND``'s True: only the top level has one.
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="show tracebacks and debug logs")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stfs", description="Mount safetensors models: every tensor a file.")
-    _common(parser)
+    _common(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     mount = commands.add_parser("mount", help="mount a model, index or folder of models read-only")
@@ -129,6 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # stdout was closed early (``stfs info ... | head``): stop quietly, and keep the interpreter's final
+        # flush of stdout from raising again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
 
 
 if __name__ == "__main__":

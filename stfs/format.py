@@ -265,14 +265,21 @@ def _duplicate_error(document: Any, path: str) -> errors.FormatError:
 
 def _reject_surrogates(document: Any, path: str) -> None:
     # The reference (serde_json) refuses a lone surrogate anywhere; a name holding one could not be a file name.
-    for value in _nested(document):
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
+    parts = document.items() if isinstance(document, dict) else [("__metadata__", document)]
+    for name, value in parts:
+        for item in _nested([name, value]):
+            if isinstance(item, str) and not _encodable(item):
                 raise errors.InvalidHeaderDeserialization(
-                    path, f"string {value!r:.60} holds a lone UTF-16 surrogate escape"
-                ) from None
+                    path, f"string {item!r:.60} holds a lone UTF-16 surrogate", None if name == "__metadata__" else name
+                )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_metadata(value: Any, path: str) -> dict[str, str]:

@@ -200,7 +200,7 @@ class StfsFUSE(mfusepy.FUSE):
 
     def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
         fh = fip.contents.fh
-        address = ctypes.cast(buf, ctypes.c_void_p).value
+        address = ctypes.cast(buf, ctypes.c_void_p).value or 0
         view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
         decoded = None if path is None else path.decode(self.encoding, self.errors)
         return self.operations.read_into(decoded, view, offset, fh)

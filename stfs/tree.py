@@ -217,7 +217,7 @@ def _add_tensors(tree: Tree, folder: list[str], tensors: tuple[Tensor, ...], lay
     paths = [split_name(tensor.name, layout) for tensor in tensors]
     # A name that is also a folder (a.b next to a.b.c) moves into that folder as "%".
     folders = {tuple(components[:i]) for components in paths for i in range(1, len(components))}
-    for tensor, components in zip(tensors, paths):
+    for tensor, components in zip(tensors, paths, strict=True):
         if tuple(components) in folders:
             components = [*components, SELF_NAME]
         node = tree.new_file(

@@ -49,7 +49,9 @@ def write_numpy(path: str, arrays: dict[str, np.ndarray], metadata: dict[str, st
     return path
 
 
-def write_raw(path: str, tensors: dict[str, tuple[str, list[int], bytes]], metadata: dict[str, str] | None = None) -> str:
+def write_raw(
+    path: str, tensors: dict[str, tuple[str, list[int], bytes]], metadata: dict[str, str] | None = None
+) -> str:
     """Write tensors given as (safetensors dtype, shape, bytes) with ``safetensors.serialize`` (BF16, F8, ...)."""
     keep: list[np.ndarray] = []
     specs = {}

@@ -20,7 +20,15 @@ import pytest
 from stfs.daemon import mounted
 from stfs.tree import split_name
 from tests.conftest import run
-from tests.fixtures import rich_arrays, sharded_arrays, tensor_bytes, write_header, write_numpy, write_raw, write_sharded
+from tests.fixtures import (
+    rich_arrays,
+    sharded_arrays,
+    tensor_bytes,
+    write_header,
+    write_numpy,
+    write_raw,
+    write_sharded,
+)
 from tests.test_tree import WEIRD_NAMES
 
 pytestmark = pytest.mark.timeout(120)
@@ -114,7 +122,8 @@ def test_sharded_set_as_directory_and_as_index(mount, tmp_path) -> None:  # noqa
         assert merged["lm_head.weight"]["data_offsets"] == header_of(
             os.path.join(str(tmp_path / "repo"), "model-00002-of-00002.safetensors"))["lm_head.weight"]["data_offsets"]
         assert read_file(os.path.join(mnt, "metadata", "who")) == b"first\n"
-        jq = run(["jq", "-r", '.["model.layers.0.mlp.down_proj.weight"].shape | @csv', os.path.join(mnt, "header.json")])
+        query = '.["model.layers.0.mlp.down_proj.weight"].shape | @csv'
+        jq = run(["jq", "-r", query, os.path.join(mnt, "header.json")])
         assert jq.returncode == 0 and jq.stdout.strip() == "8,24"
 
 
@@ -122,7 +131,9 @@ def test_multi_model_directory(mount, tmp_path) -> None:  # noqa: ANN001
     repo = tmp_path / "repo"
     (repo / "unet").mkdir(parents=True)
     (repo / "vae").mkdir()
-    unet = write_numpy(str(repo / "unet" / "diffusion_pytorch_model.safetensors"), {"conv.weight": np.ones(5, np.float32)})
+    unet = write_numpy(
+        str(repo / "unet" / "diffusion_pytorch_model.safetensors"), {"conv.weight": np.ones(5, np.float32)}
+    )
     vae = write_numpy(str(repo / "vae" / "diffusion_pytorch_model.safetensors"), {"dec.bias": np.arange(3.0)})
     write_sharded(str(repo / "text_encoder"), sharded_arrays())
     mnt = mount(str(repo))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stfs.model import ModelSource, load
@@ -16,8 +17,6 @@ from stfs.tree import (
     unescape_component,
 )
 from tests.fixtures import write_numpy
-
-import numpy as np
 
 WEIRD_NAMES = [
     "plain",
@@ -55,7 +54,8 @@ def test_flat_name_is_one_safe_component(name: str) -> None:
 
 
 def test_escaping_examples() -> None:
-    assert split_name("model.layers.0.mlp.up_proj.weight", "nested") == ["model", "layers", "0", "mlp", "up_proj", "weight"]
+    expected = ["model", "layers", "0", "mlp", "up_proj", "weight"]
+    assert split_name("model.layers.0.mlp.up_proj.weight", "nested") == expected
     assert escape_component("x/y") == "x%2Fy"
     assert escape_component("100%") == "100%25"
     assert escape_component("nul\x00") == "nul%00"
