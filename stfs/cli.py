@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import io
 import logging
 import os
 import sys
@@ -116,12 +118,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK if problems == 0 else EXIT_INVALID
 
 
+def _tolerant_output() -> None:
+    """Print any path or name rather than die on it: a file name that is not UTF-8 keeps its bytes
+    (surrogateescape), a character the terminal cannot show is escaped."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            utf8 = codecs.lookup(stream.encoding).name == "utf-8"
+            stream.reconfigure(errors="surrogateescape" if utf8 else "backslashreplace")
+
+
 COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = build_parser().parse_args(argv)
+    _tolerant_output()
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="stfs: %(message)s")
     try:
         return COMMANDS[args.command](args)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import struct
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -135,7 +136,9 @@ def _pread_exact(fd: int, size: int, offset: int, path: str) -> bytes:
 def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) -> Header:
     """Validate header bytes ``raw`` (without the length prefix) of a ``file_size``-byte file."""
     if 8 + len(raw) > file_size:
-        raise errors.InvalidHeaderLength(path, f"header length {len(raw)} runs past the end of the {file_size}-byte file")
+        raise errors.InvalidHeaderLength(
+            path, f"header length {len(raw)} runs past the end of the {file_size}-byte file"
+        )
     if not raw.startswith(b"{"):
         raise errors.InvalidHeaderStart(path, "header does not begin with '{'")
     try:
@@ -209,10 +212,20 @@ def _reject_constant(name: str) -> Any:
 
 # Only a \uD800-\uDFFF escape can put a surrogate into a parsed string (the UTF-8 decoder refuses encoded ones).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# Without a limit on int() digits (Python 3.10, or PYTHONINTMAXSTRDIGITS=0) every integer goes through _parse_int.
+_INT_DIGITS_LIMITED = getattr(sys, "get_int_max_str_digits", lambda: 0)() > 0
 
 
 def _json(text: str, hook: Any) -> Any:
-    return json.loads(text, object_pairs_hook=hook, parse_int=_parse_int, parse_constant=_reject_constant)
+    # _parse_int costs a Python call per integer, so it is used only when an integer might need it.
+    careful = "-0" in text or not _INT_DIGITS_LIMITED
+    try:
+        return json.loads(text, object_pairs_hook=hook, parse_constant=_reject_constant,
+                          parse_int=_parse_int if careful else None)
+    except ValueError as exc:
+        if careful or "integer string conversion" not in str(exc):
+            raise
+    return json.loads(text, object_pairs_hook=hook, parse_constant=_reject_constant, parse_int=_parse_int)
 
 
 def _load_json(text: str, path: str) -> Any:
@@ -268,13 +281,14 @@ def _reject_surrogates(document: Any, path: str) -> None:
     parts = document.items() if isinstance(document, dict) else [("__metadata__", document)]
     for name, value in parts:
         for item in _nested([name, value]):
-            if isinstance(item, str) and not _encodable(item):
+            if isinstance(item, str) and not encodable(item):
                 raise errors.InvalidHeaderDeserialization(
                     path, f"string {item!r:.60} holds a lone UTF-16 surrogate", None if name == "__metadata__" else name
                 )
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (a JSON ``\\uD800`` escape can make a str that is not)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -327,7 +341,7 @@ def _check_tensor(name: str, info: Any, path: str) -> TensorEntry:
         raise errors.InvalidOffset(path, f"data_offsets [{begin}, {end}] end before they begin", name)
     if end - begin != bits // 8:
         raise errors.TensorInvalidInfo(
-            path, f"data_offsets span {end - begin} bytes but {dtype}{list(shape)} needs {bits // 8}", name
+            path, f"data_offsets span {end - begin} bytes but {dtype} {_short(list(shape))} needs {bits // 8}", name
         )
     return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
 
@@ -338,9 +352,8 @@ def _check_layout(entries: tuple[TensorEntry, ...], path: str, data_size: int) -
     for entry in sorted(entries, key=lambda e: (e.begin, e.end)):
         if entry.begin != position:
             kind = "gap before" if entry.begin > position else "overlap at"
-            raise errors.InvalidOffset(
-                path, f"{kind} data_offsets [{entry.begin}, {entry.end}]: previous tensor ends at {position}", entry.name
-            )
+            detail = f"{kind} data_offsets [{entry.begin}, {entry.end}]: previous tensor ends at {position}"
+            raise errors.InvalidOffset(path, detail, entry.name)
         position = entry.end
         last = entry.name
     if position != data_size:
@@ -351,6 +364,10 @@ def _check_layout(entries: tuple[TensorEntry, ...], path: str, data_size: int) -
 
 def _short(value: Any) -> str:
     if isinstance(value, list) and len(value) > 8:
-        return json.dumps(value[:8], default=str)[:-1] + ", ...]"
-    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+        head = _short(value[:8])
+        return head[:-1] + ", ...]" if head.endswith("]") else head
+    try:
+        text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+    except RecursionError:  # parsed just below the limit, dumped a few frames deeper
+        text = f"(a {type(value).__name__} nested too deeply)"
     return text if len(text) <= 60 else text[:57] + "..."
