@@ -82,32 +82,42 @@ class LocalFiles:
     def read_into(self, file: str, offset: int, buffer: memoryview) -> int:
         handle = self._acquire(file)
         try:
-            stat = os.fstat(handle.fd)
-            if (stat.st_ino, stat.st_size, stat.st_mtime_ns) != handle.identity:
-                with self._lock:
-                    self._recheck(file, handle, stat)
-            if handle.changed:
-                raise SourceChanged(f"{file} was replaced or rewritten since it was mounted")
+            self._verify(file, handle)
             done = 0
             while done < len(buffer):
                 count = os.preadv(handle.fd, [buffer[done:]], offset + done)
                 if count == 0:
                     raise SourceChanged(f"{file} ends at byte {offset + done}: truncated since it was mounted")
                 done += count
+            # Checked again after the read: a rewrite that landed during it (a writer puts the new header
+            # first) must fail this read too, not hand out new bytes as the mounted tensor's.
+            self._verify(file, handle)
             return done
         finally:
             with self._lock:
                 handle.users -= 1
                 handle.release()
 
+    def _verify(self, file: str, handle: _OpenFile) -> None:
+        stat = os.fstat(handle.fd)
+        if (stat.st_ino, stat.st_size, stat.st_mtime_ns) != handle.identity:
+            with self._lock:
+                self._recheck(file, handle, stat)
+        if handle.changed:
+            raise SourceChanged(f"{file} was replaced or rewritten since it was mounted")
+
     def _acquire(self, file: str) -> _OpenFile:
         with self._lock:
             handle = self._open.get(file)
             if handle is None:
                 fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
-                stat = os.fstat(fd)
-                handle = _OpenFile(fd, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
-                self._recheck(file, handle, stat)
+                try:
+                    stat = os.fstat(fd)
+                    handle = _OpenFile(fd, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+                    self._recheck(file, handle, stat)
+                except BaseException:
+                    os.close(fd)  # a failed header read must not leak the descriptor
+                    raise
                 self._open[file] = handle
             handle.users += 1
             return handle
