@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import io
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -13,14 +16,16 @@ from .model import InvalidModel, discover, load
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
     parser.add_argument("--version", action="version", version=f"stfs {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    # A subcommand's own default would overwrite ``stfs --debug COMMAND``'s True: only the top level has one.
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="show tracebacks and debug logs")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stfs", description="Mount safetensors models: every tensor a file.")
-    _common(parser)
+    _common(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     mount = commands.add_parser("mount", help="mount a model, index or folder of models read-only")
@@ -119,12 +124,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK if problems == 0 else EXIT_INVALID
 
 
+def _tolerant_output() -> None:
+    """Print any path or name rather than die on it: a file name that is not UTF-8 keeps its bytes
+    (surrogateescape), a character the terminal cannot show is escaped."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            utf8 = codecs.lookup(stream.encoding).name == "utf-8"
+            stream.reconfigure(errors="surrogateescape" if utf8 else "backslashreplace")
+
+
 COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = build_parser().parse_args(argv)
+    _tolerant_output()
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="stfs: %(message)s")
     try:
         return COMMANDS[args.command](args)
@@ -135,6 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # stdout was closed early (``stfs info ... | head``): stop quietly, and keep the interpreter's final
+        # flush of stdout from raising again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
 
 
 if __name__ == "__main__":

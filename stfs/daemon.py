@@ -109,9 +109,11 @@ def _expectations(models: list[Model]) -> dict[str, Expectation]:
 
 
 def check_mountpoint(mountpoint: str) -> None:
+    if _is_dead_mount(mountpoint):
+        raise errors.MountError(
+            f"{mountpoint}: a mount whose daemon died is still there; run `stfs unmount {mountpoint}`"
+        )
     if not os.path.exists(mountpoint):
-        if _is_dead_mount(mountpoint):
-            raise errors.MountError(f"{mountpoint}: a dead stfs mount is still there; run `stfs unmount {mountpoint}`")
         raise errors.MountError(f"{mountpoint}: mountpoint does not exist")
     if not os.path.isdir(mountpoint):
         raise errors.MountError(f"{mountpoint}: mountpoint is not a directory")
@@ -121,7 +123,7 @@ def check_mountpoint(mountpoint: str) -> None:
 
 def _is_dead_mount(mountpoint: str) -> bool:
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)  # stat() may be answered from the kernel's attribute cache; statfs never is
     except OSError as exc:
         return exc.errno == 107  # ENOTCONN: "Transport endpoint is not connected"
     return False
@@ -319,7 +321,8 @@ def mounted(source: str, mountpoint: str, layout: str = "nested", options: list[
         deadline = time.monotonic() + timeout
         while not os.path.ismount(mountpoint):
             if process.poll() is not None:
-                raise errors.MountError(f"{mountpoint}: mount failed: {process.stderr.read().strip()}")
+                _, stderr = process.communicate()
+                raise errors.MountError(f"{mountpoint}: mount failed: {stderr.strip()}")
             if time.monotonic() > deadline:
                 raise errors.MountError(f"{mountpoint}: not mounted after {timeout} s")
             time.sleep(0.1)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +111,8 @@ def read_header(path: str) -> Header:
                 path, f"header length {length} runs past the end of the {stat.st_size}-byte file"
             )
         raw = _pread_exact(fd, length, 8, path)
+        if len(raw) < length:
+            raise errors.InvalidHeaderLength(path, f"file ended after {8 + len(raw)} bytes, inside the header")
     finally:
         os.close(fd)
     return parse_header(raw, path=path, file_size=stat.st_size, mtime_ns=stat.st_mtime_ns)
@@ -131,6 +135,10 @@ def _pread_exact(fd: int, size: int, offset: int, path: str) -> bytes:
 
 def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) -> Header:
     """Validate header bytes ``raw`` (without the length prefix) of a ``file_size``-byte file."""
+    if 8 + len(raw) > file_size:
+        raise errors.InvalidHeaderLength(
+            path, f"header length {len(raw)} runs past the end of the {file_size}-byte file"
+        )
     if not raw.startswith(b"{"):
         raise errors.InvalidHeaderStart(path, "header does not begin with '{'")
     try:
@@ -160,6 +168,7 @@ def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) ->
     )
 
 
+_NEGATIVE = re.compile(rb"[:\[,][ \t\n\r]*-")  # a negative number: never valid, left to the exact path
 _DTYPE_NAMES = {name: name for name in DTYPE_BITS}  # one shared str per dtype, whatever the header spelled
 
 
@@ -171,7 +180,7 @@ def _check_fast(raw: bytes, text: str, path: str, data_size: int) -> tuple[tuple
     without escapes (which could spell a ``:``) the colons of the text equal the members parsed plus the
     colons inside parsed strings exactly when no key was repeated.
     """
-    if b"\\" in raw:
+    if b"\\" in raw or _NEGATIVE.search(raw):  # escapes; "-0", which the reference reads as a float
         return None
     try:
         document = json.loads(text)
@@ -236,13 +245,27 @@ def header_digest(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+class _Object(dict):
+    """A parsed JSON object that remembers its first duplicate key (the parse goes on, to say where it is)."""
+
+    duplicate: str | None = None
+
+
+def _object_or_raise(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _DuplicateKey()
+    return result
+
+
+def _object_marked(pairs: list[tuple[str, Any]]) -> _Object:
+    result = _Object(pairs)
     if len(result) != len(pairs):
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise _DuplicateKey(key)
+                result.duplicate = key
+                break
             seen.add(key)
     return result
 
@@ -251,16 +274,102 @@ class _DuplicateKey(Exception):
     pass
 
 
+def _parse_int(literal: str) -> int | float:
+    # As serde_json does for the reference: "-0" and integers beyond 64 bits are floats, so never a shape or an
+    # offset; this also keeps int() away from 100 MB digit strings, whose conversion is quadratic.
+    if literal == "-0" or len(literal) > 20:
+        return float(literal)
+    return int(literal)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Only a \uD800-\uDFFF escape can put a surrogate into a parsed string (the UTF-8 decoder refuses encoded ones).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# Without a limit on int() digits (Python 3.10, or PYTHONINTMAXSTRDIGITS=0) every integer goes through _parse_int.
+_INT_DIGITS_LIMITED = getattr(sys, "get_int_max_str_digits", lambda: 0)() > 0
+
+
+def _json(text: str, hook: Any) -> Any:
+    # _parse_int costs a Python call per integer, so it is used only when an integer might need it.
+    careful = "-0" in text or not _INT_DIGITS_LIMITED
+    try:
+        return json.loads(text, object_pairs_hook=hook, parse_constant=_reject_constant,
+                          parse_int=_parse_int if careful else None)
+    except ValueError as exc:
+        if careful or "integer string conversion" not in str(exc):
+            raise
+    return json.loads(text, object_pairs_hook=hook, parse_constant=_reject_constant, parse_int=_parse_int)
+
+
 def _load_json(text: str, path: str) -> Any:
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates)
-    except _DuplicateKey as exc:
-        raise errors.InvalidHeaderDeserialization(path, f"duplicate key {exc.args[0]!r}") from None
+        try:
+            document = _json(text, _object_or_raise)
+        except _DuplicateKey:
+            document = _json(text, _object_marked)
+            raise _duplicate_error(document, path) from None
     except RecursionError:
         raise errors.InvalidHeaderDeserialization(path, "JSON nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
-        detail = str(exc).splitlines()[0][:200]
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, or an integer too long to convert
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise errors.InvalidHeaderDeserialization(path, f"invalid JSON: {detail}") from None
+    if _SURROGATE_ESCAPE.search(text):
+        _reject_surrogates(document, path)
+    return document
+
+
+def _nested(value: Any) -> Iterator[Any]:
+    """``value`` and every value inside it, without recursion (the document may be nested a thousand deep)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        yield item
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _first_duplicate(value: Any) -> str | None:
+    return next((v.duplicate for v in _nested(value) if isinstance(v, _Object) and v.duplicate is not None), None)
+
+
+def _duplicate_error(document: Any, path: str) -> errors.FormatError:
+    """Name the tensor whose info holds the duplicate key, or the duplicated tensor name itself."""
+    if isinstance(document, _Object):
+        for name, value in document.items():
+            inner = _first_duplicate(value)
+            if inner is not None and name == "__metadata__":
+                return errors.InvalidHeaderDeserialization(path, f"duplicate key {inner!r} in __metadata__")
+            if inner is not None:
+                return errors.InvalidHeaderDeserialization(path, f"duplicate key {inner!r}", name)
+        if document.duplicate is not None:
+            return errors.InvalidHeaderDeserialization(path, "tensor name appears twice", document.duplicate)
+    return errors.InvalidHeaderDeserialization(path, f"duplicate key {_first_duplicate(document)!r}")
+
+
+def _reject_surrogates(document: Any, path: str) -> None:
+    # The reference (serde_json) refuses a lone surrogate anywhere; a name holding one could not be a file name.
+    parts = document.items() if isinstance(document, dict) else [("__metadata__", document)]
+    for name, value in parts:
+        for item in _nested([name, value]):
+            if isinstance(item, str) and not encodable(item):
+                raise errors.InvalidHeaderDeserialization(
+                    path, f"string {item!r:.60} holds a lone UTF-16 surrogate", None if name == "__metadata__" else name
+                )
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (a JSON ``\\uD800`` escape can make a str that is not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_metadata(value: Any, path: str) -> dict[str, str]:
@@ -308,28 +417,33 @@ def _check_tensor(name: str, info: Any, path: str) -> TensorEntry:
         raise errors.InvalidOffset(path, f"data_offsets [{begin}, {end}] end before they begin", name)
     if end - begin != bits // 8:
         raise errors.TensorInvalidInfo(
-            path, f"data_offsets span {end - begin} bytes but {dtype}{list(shape)} needs {bits // 8}", name
+            path, f"data_offsets span {end - begin} bytes but {dtype} {_short(list(shape))} needs {bits // 8}", name
         )
     return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
 
 
 def _check_layout(entries: tuple[TensorEntry, ...], path: str, data_size: int) -> None:
     position = 0
+    last: str | None = None
     for entry in sorted(entries, key=lambda e: (e.begin, e.end)):
         if entry.begin != position:
             kind = "gap before" if entry.begin > position else "overlap at"
-            raise errors.InvalidOffset(
-                path, f"{kind} data_offsets [{entry.begin}, {entry.end}]: previous tensor ends at {position}", entry.name
-            )
+            detail = f"{kind} data_offsets [{entry.begin}, {entry.end}]: previous tensor ends at {position}"
+            raise errors.InvalidOffset(path, detail, entry.name)
         position = entry.end
+        last = entry.name
     if position != data_size:
         raise errors.MetadataIncompleteBuffer(
-            path, f"tensors end at byte {position} of the data but the data section is {data_size} bytes"
+            path, f"tensors end at byte {position} of the data but the data section is {data_size} bytes", last
         )
 
 
 def _short(value: Any) -> str:
     if isinstance(value, list) and len(value) > 8:
-        return json.dumps(value[:8], default=str)[:-1] + ", ...]"
-    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+        head = _short(value[:8])
+        return head[:-1] + ", ...]" if head.endswith("]") else head
+    try:
+        text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+    except RecursionError:  # parsed just below the limit, dumped a few frames deeper
+        text = f"(a {type(value).__name__} nested too deeply)"
     return text if len(text) <= 60 else text[:57] + "..."

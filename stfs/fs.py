@@ -69,6 +69,7 @@ class StfsOperations(Operations):
         self._uid = os.getuid()
         self._gid = os.getgid()
         self.open_files: dict[int, FileNode] = {}  # by file handle: the tensor's inode
+        self.served = False  # set once the kernel has connected
 
     def _lookup(self, path: str) -> Node:
         node = self.tree.lookup(path)
@@ -77,6 +78,7 @@ class StfsOperations(Operations):
         return node
 
     def init(self, path: str) -> None:
+        self.served = True
         if self._on_ready is not None:
             self._on_ready()
 
@@ -466,12 +468,17 @@ def request_size() -> int:
 
 
 def serve(operations: StfsOperations, mountpoint: str, foreground: bool = True, **options: Any) -> None:
-    """Run the filesystem until it is unmounted (blocks); ``STFS_STATS`` turns on request counters."""
+    """Run the filesystem until unmounted or stopped by SIGTERM/SIGINT (blocks); ``STFS_STATS`` turns on counters."""
     stats = from_environment()
     if stats is not None:
         stats.dump_on_sigusr1()
     try:
         StfsFUSE(operations, mountpoint, stats=stats, foreground=foreground, **options)
+    except RuntimeError as exc:
+        # libfuse's loop reports the signal that stopped it as an error; after a served mount that is a clean stop
+        if not operations.served:
+            raise RuntimeError(f"libfuse could not mount {mountpoint} (error {exc})") from None
+        log.info("stopped by signal %s; unmounted %s", exc, mountpoint)
     finally:
         if stats is not None:
             stats.dump()

@@ -16,7 +16,7 @@ def summarize(models: list[Model]) -> dict[str, Any]:
 
 
 def _model_report(model: Model) -> dict[str, Any]:
-    tensors = [
+    tensors: list[dict[str, Any]] = [
         {
             "name": t.name,
             "dtype": t.dtype,
@@ -64,15 +64,17 @@ def render_table(report: dict[str, Any]) -> str:
     lines: list[str] = []
     for model in report["models"]:
         lines.append(f"== {model['source']}" + (f"  ({model['name']})" if model["name"] else ""))
-        rows = [("name", "dtype", "shape", "params", "file")]
+        rows: list[tuple[str, ...]] = [("name", "dtype", "shape", "params", "file")]
         rows += [
-            (t["name"], t["dtype"], _shape(t["shape"]), f"{t['parameters']:,}", _basename(t["file"]))
+            (_printable(t["name"]), t["dtype"], _shape(t["shape"]), f"{t['parameters']:,}", _basename(t["file"]))
             for t in model["tensors"]
         ]
         lines += _columns(rows, right={3})
         lines.append("")
-        counts = [("dtype", "tensors", "params", "bytes")]
-        counts += [(d, f"{c['tensors']:,}", f"{c['parameters']:,}", f"{c['bytes']:,}") for d, c in model["dtypes"].items()]
+        counts: list[tuple[str, ...]] = [("dtype", "tensors", "params", "bytes")]
+        counts += [
+            (d, f"{c['tensors']:,}", f"{c['parameters']:,}", f"{c['bytes']:,}") for d, c in model["dtypes"].items()
+        ]
         lines += _columns(counts, right={1, 2, 3})
         lines.append(_total_line(model["totals"]))
         lines.append("")
@@ -85,6 +87,11 @@ def _total_line(totals: dict[str, int]) -> str:
     return f"total: {totals['tensors']:,} tensors, {totals['parameters']:,} parameters, {totals['bytes']:,} bytes"
 
 
+def _printable(name: str) -> str:
+    """A name on one table row: newlines, NULs, bidi overrides and the like escaped as Python would."""
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
 def _shape(shape: list[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
@@ -95,7 +102,9 @@ def _basename(path: str) -> str:
 
 def _columns(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-        for row in rows
-    ]
+    return ["  ".join(_align(cell, w, i in right) for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in rows]
+
+
+def _align(cell: str, width: int, right: bool) -> str:
+    return cell.rjust(width) if right else cell.ljust(width)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
 from . import errors
-from .format import Header, read_header
+from .format import Header, encodable, read_header
 
 MODEL_SUFFIX = ".safetensors"
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -236,15 +237,28 @@ def _read_index(index: str) -> dict:
     return document
 
 
-def _read_weight_map(index: str) -> dict[str, str]:
-    weight_map = _read_index(index).get("weight_map")
+def _read_weight_map(index: str, document: dict | None = None) -> dict[str, str]:
+    weight_map = (_read_index(index) if document is None else document).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise errors.InvalidIndex(f"{index}: index has no weight_map of tensor name -> shard file")
     for shard in set(weight_map.values()):
         parts = shard.replace("\\", "/").split("/")
         if os.path.isabs(shard) or ".." in parts or not shard:
             raise errors.InvalidIndex(f"{index}: shard {shard!r} is not a path inside the index's folder")
+        if not encodable(shard):
+            # A \udcXX escape would otherwise name a non-UTF-8 file, whose name no header.json could then hold.
+            raise errors.InvalidIndex(f"{index}: shard {shard!r} holds a lone UTF-16 surrogate")
     return weight_map
+
+
+def _natural_key(name: str) -> list[tuple[int, int, str]]:
+    """Sort ``shard-2`` before ``shard-10`` (digit runs compare by value, without int() of a huge run)."""
+    key = []
+    for part in re.split(r"([0-9]+)", name):
+        digits = part.lstrip("0")
+        key.append((0, len(digits), digits) if part.isascii() and part.isdigit() else (1, 0, part))
+    key.append((2, 0, name))  # "01" and "1" tie above
+    return key
 
 
 def _shard_path(index: str, shard: str) -> str:
@@ -253,11 +267,12 @@ def _shard_path(index: str, shard: str) -> str:
 
 def _load_sharded(source: ModelSource) -> Model:
     index = source.path
-    weight_map = _read_weight_map(index)
     document = _read_index(index)
+    weight_map = _read_weight_map(index, document)
     problems: list[errors.StfsError] = []
     shards: list[Shard] = []
-    for shard_name in dict.fromkeys(weight_map.values()):  # first-appearance order, no repeats
+    # In shard-name order, not the weight_map's (usually sorted by tensor name): "the first shard" is model-00001.
+    for shard_name in sorted(set(weight_map.values()), key=_natural_key):
         path = _shard_path(index, shard_name)
         if not os.path.isfile(path):
             problems.append(errors.MissingShard(f"{index}: shard {shard_name!r} named by weight_map is missing"))
@@ -288,9 +303,9 @@ def _load_sharded(source: ModelSource) -> Model:
     for name, shard_name in weight_map.items():
         if owner.get(name) != shard_name:
             where = f"; it is in {owner[name]!r}" if name in owner else ""
-            problems.append(
-                errors.TensorNotInShard(f"{index}: tensor {name!r} is mapped to shard {shard_name!r}, which lacks it{where}")
-            )
+            problems.append(errors.TensorNotInShard(
+                f"{index}: tensor {name!r} is mapped to shard {shard_name!r}, which lacks it{where}"
+            ))
     if problems:
         raise InvalidModel(problems)
 

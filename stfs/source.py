@@ -130,6 +130,9 @@ class LocalFiles:
                 if count == 0:
                     raise SourceChanged(f"{file} ends at byte {offset + done}: truncated since it was mounted")
                 done += count
+            # Checked again after the read: a rewrite that landed during it (a writer puts the new header
+            # first) must fail this read too, not hand out new bytes as the mounted tensor's.
+            self._verify(file, handle, offset + size)
             return done
         finally:
             self._release(handle, offset, done)
@@ -150,6 +153,10 @@ class LocalFiles:
                 if moved == 0:
                     raise SourceChanged(f"{file} ends at byte {offset + done}: truncated since it was mounted")
                 done += moved
+            # As read_into: a rewrite that landed while the pages went into the pipe fails this read. (The
+            # pipe holds the pages themselves; a writer overwriting them in place in the few microseconds
+            # until libfuse copies them out is not caught. Truncating first, as writers do, detaches them.)
+            self._verify(file, handle, offset + count)
             return done
         finally:
             self._release(handle, offset, done)
@@ -171,18 +178,22 @@ class LocalFiles:
             if threaded:
                 self._lock.release()
         try:
-            stat = os.fstat(handle.fd)
-            if stat.st_mtime_ns != handle.mtime_ns or stat.st_size != handle.size or stat.st_ino != handle.inode:
-                with self._lock:
-                    self._recheck(file, handle, stat)
-            if handle.changed:
-                raise SourceChanged(f"{file} was replaced or rewritten since it was mounted")
-            if end > stat.st_size:
-                raise SourceChanged(f"{file} is {stat.st_size} bytes: truncated since it was mounted")
+            self._verify(file, handle, end)
         except BaseException:
             self._release(handle, 0, 0)
             raise
         return handle
+
+    def _verify(self, file: str, handle: _OpenFile, end: int) -> None:
+        """Raise ``SourceChanged`` unless ``file`` still has its mounted header and at least ``end`` bytes."""
+        stat = os.fstat(handle.fd)
+        if stat.st_mtime_ns != handle.mtime_ns or stat.st_size != handle.size or stat.st_ino != handle.inode:
+            with self._lock:
+                self._recheck(file, handle, stat)
+        if handle.changed:
+            raise SourceChanged(f"{file} was replaced or rewritten since it was mounted")
+        if end > stat.st_size:
+            raise SourceChanged(f"{file} is {stat.st_size} bytes: truncated since it was mounted")
 
     def _open_file(self, file: str) -> _OpenFile:
         fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
