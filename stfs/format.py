@@ -182,6 +182,8 @@ def _check_fast(raw: bytes, text: str, path: str, data_size: int) -> tuple[tuple
     """
     if b"\\" in raw or _NEGATIVE.search(raw):  # escapes; "-0", which the reference reads as a float
         return None
+    if not _INT_DIGITS_LIMITED:  # int() of a huge digit run would be quadratic: only _json guards it
+        return None
     try:
         document = json.loads(text)
     except (ValueError, RecursionError):
