@@ -319,9 +319,14 @@ def _add_tensors(tree: Tree, folder: DirNode, layout: str, model: Model) -> None
 
     def folder_of(prefix: str, mtime_ns: int) -> DirNode:
         found = folders.get(prefix)
-        if found is None:
+        missing: list[tuple[str, str]] = []
+        while found is None:  # up to the longest prefix known ("" at worst); a loop, as names may be 10,000 deep
             above, _, last = prefix.rpartition(".")
-            found = folders[prefix] = tree.tensor_folder(folder_of(above, mtime_ns), [_component(last)], mtime_ns)
+            missing.append((prefix, last))
+            prefix = above
+            found = folders.get(prefix)
+        for known, last in reversed(missing):
+            found = folders[known] = tree.tensor_folder(found, [_component(last)], mtime_ns)
         return found
 
     for shard in model.shards:
