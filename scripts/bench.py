@@ -295,7 +295,8 @@ class CReference:
                 raise RuntimeError("the C reference server did not mount")
             time.sleep(0.02)
         os.stat(os.path.join(mountpoint, "big"))  # INIT done: the readahead setting now sticks
-        device = [line.split()[2] for line in open("/proc/self/mountinfo") if line.split()[4] == mountpoint][-1]
+        with open("/proc/self/mountinfo") as stream:
+            device = [line.split()[2] for line in stream if line.split()[4] == mountpoint][-1]
         with contextlib.suppress(OSError), open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as stream:
             stream.write("1024")  # 1 MiB requests, libfuse's most
         self.file = os.path.join(mountpoint, "big")
@@ -607,7 +608,7 @@ def table(results: dict[str, Any]) -> str:
         target = {"300": "<= 0.1 s", "100000": "<= 2 s"}.get(count, "")
         add(f"mount {int(count):,} tensors (s)", f"{entry['mount_s']:.3f}", target, check(f"mount_{count}_s",
                                                                                           entry["mount_s"]))
-        add(f"  safe_open keys: in-process / command (s)",
+        add("  safe_open keys: in-process / command (s)",
             f"{entry['safe_open_keys_s']:.3f} / {entry['safe_open_command_s']:.3f}")
         add("  mount / safe_open keys", f"{entry['vs_safe_open']:.1f}x (command: {entry['vs_safe_open_command']:.1f}x)",
             "<= 3x" if count == "100000" else "", check(f"mount_{count}_vs_safe_open", entry["vs_safe_open"]))
@@ -615,7 +616,7 @@ def table(results: dict[str, Any]) -> str:
         add("  daemon RssAnon (MiB)", f"{entry['rss_anon_bytes'] / MIB:.1f}", f"<= {budget / MIB:.0f}",
             "ok" if entry["rss_anon_bytes"] <= budget else "MISSED")
         if "find_s" in entry:
-            add(f"  find -type f | wc -l (s)", f"{entry['find_s']:.2f} ({entry['find_files']} files)", "<= 3 s",
+            add("  find -type f | wc -l (s)", f"{entry['find_s']:.2f} ({entry['find_files']} files)", "<= 3 s",
                 check(f"find_{count}_s", entry["find_s"]))
     widths = [max(len(row[i]) for row in rows + [("figure", "value", "target", "")]) for i in range(4)]
     lines = [" | ".join(text.ljust(widths[i]) for i, text in enumerate(("figure", "value", "target", ""))).rstrip()]

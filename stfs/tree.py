@@ -329,17 +329,29 @@ def _add_tensors(tree: Tree, folder: DirNode, layout: str, model: Model) -> None
             found = folders[known] = tree.tensor_folder(found, [_component(last)], mtime_ns)
         return found
 
+    placed = 0
     for shard in model.shards:
         header = shard.header
         file, start, mtime = header.path, header.data_start, header.mtime_ns
-        for entry in header.tensors:
+        for entry in header.tensors:  # the hot loop of a mount: calls inlined
             name = entry.name
-            node = FileNode(tree._take_inode(), mtime, entry.end - entry.begin, file, start + entry.begin, None, entry)
+            inode = tree._next_inode
+            tree._next_inode = inode + 1
+            node = FileNode(inode, mtime, entry.end - entry.begin, file, start + entry.begin, None, entry)
             if nested and _plain(name):
                 prefix, _, leaf = name.rpartition(".")
-                tree.place_tensor(folder_of(prefix, mtime), _component(leaf), node)
+                parent = folders.get(prefix)
+                if parent is None:
+                    parent = folder_of(prefix, mtime)
+                leaf = intern(leaf) if len(leaf) <= _SHORT else escape_component(leaf)
+                if leaf in parent.children:
+                    tree.place_tensor(parent, leaf, node)  # a folder of that name: the file goes in as "%"
+                else:
+                    parent.children[leaf] = node
+                    placed += 1
             else:
                 tree.add_tensor(folder, split_name(name, layout), node)
+    tree.file_count += placed
 
 
 def _component(part: str) -> str:

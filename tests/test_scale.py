@@ -56,7 +56,7 @@ def test_thousand_shards_serve_with_bounded_descriptors(tmp_path, mount: MountFn
     pid = daemon_pid(mnt)
     idle = open_files(pid)
     most = idle
-    for round_ in range(2):  # the second round reopens shards the LRU closed
+    for _ in range(2):  # the second round reopens shards the LRU closed
         for index in range(shards):
             path = os.path.join(mnt, "tensors", "layers", str(index), "weight")
             with open(path, "rb") as stream:
