@@ -17,13 +17,16 @@ Each input's first byte picks a mode:
    numbers, offsets right or slightly wrong -> ``parse_header`` then ``build_tree``
 3. deep nesting at a point chosen by the input -> ``parse_header``
 4. a sharded set: an index (built or raw) + shards written to a temp folder ->
-   ``stfs.model.load``, then ``build_tree`` and ``merged_header``
+   ``stfs.model.load`` on the index, or ``stfs.model.resolve`` on the folder (discovery, stray
+   files as models of their own), then ``merged_header`` and ``build_tree``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -31,11 +34,15 @@ import struct
 import sys
 import tempfile
 import traceback
+import types
 
 import atheris
 
-with atheris.instrument_imports(include=["stfs"]):
+if {"--replay", "--line-coverage"} & set(sys.argv):  # plain bytecode, so line tracing sees the source as written
     from stfs import errors, format, model, tree
+else:
+    with atheris.instrument_imports(include=["stfs"]):
+        from stfs import errors, format, model, tree
 
 DTYPES = list(format.DTYPE_BITS)
 ODD_NAMES = [
@@ -78,7 +85,7 @@ def _name(fdp: atheris.FuzzedDataProvider) -> str:
         return fdp.ConsumeUnicode(fdp.ConsumeIntInRange(0, 40))
     if choice == 2:
         return ".".join(fdp.PickValueInList(ODD_NAMES) for _ in range(fdp.ConsumeIntInRange(1, 4)))
-    return "model.layers.%d.w" % fdp.ConsumeIntInRange(0, 3)
+    return f"model.layers.{fdp.ConsumeIntInRange(0, 3)}.w"
 
 
 def _number(fdp: atheris.FuzzedDataProvider) -> object:
@@ -165,7 +172,7 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     weight_map: dict[str, str] = {}
-    shard_names = ["model-%05d.safetensors" % i for i in range(fdp.ConsumeIntInRange(0, 3))]
+    shard_names = [f"model-{i:05d}.safetensors" for i in range(fdp.ConsumeIntInRange(0, 3))]
     if fdp.ConsumeIntInRange(0, 3) == 0:
         shard_names.append(fdp.PickValueInList(
             ["../x.safetensors", "/etc/passwd", "", ".", "sub/../a.safetensors", "a\x00b", "./model-00000.safetensors",
@@ -173,7 +180,8 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
     for shard in shard_names:
         raw, size = _built_header(fdp)
         path = os.path.join(folder, shard)
-        if shard and "\x00" not in shard and os.path.realpath(path).startswith(folder + "/") and not os.path.exists(path):
+        inside = shard and "\x00" not in shard and os.path.realpath(path).startswith(folder + "/")
+        if inside and not os.path.exists(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             if not os.path.isdir(path):
                 _write_safetensors(path, raw, size)
@@ -197,9 +205,22 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
         _write(index_path, fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 200)))
     else:
         _write(index_path, json.dumps(index).encode("utf-8", "surrogatepass"))
-    loaded = model.load(model.ModelSource(name="", path=index_path))
-    model.merged_header(loaded)
-    tree.build_tree([loaded], fdp.PickValueInList(["nested", "flat"]))
+    layout = fdp.PickValueInList(["nested", "flat"])
+    if fdp.ConsumeBool():
+        loaded = model.load(model.ModelSource(name="", path=index_path))
+        model.merged_header(loaded)
+        tree.build_tree([loaded], layout)
+    else:  # the folder as a SOURCE: discovery, stray shards as models of their own, one folder per model
+        if fdp.ConsumeBool():
+            stray = os.path.join(folder, fdp.PickValueInList(["b.safetensors", "sub/c.safetensors", "x.index.json"]))
+            with contextlib.suppress(OSError):  # "sub" may be a file
+                os.makedirs(os.path.dirname(stray), exist_ok=True)
+                _write(stray, fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 300)))
+        models = model.resolve(folder)
+        for loaded in models:
+            if loaded.is_sharded:
+                model.merged_header(loaded)
+        tree.build_tree(models, layout)
 
 
 def one_input(data: bytes, scratch: str) -> None:
@@ -255,19 +276,71 @@ def seed_corpus(folder: str) -> None:
         _write(os.path.join(folder, name), seed)
 
 
+def _body_lines(filename: str) -> set[int]:
+    """Lines inside function bodies (module and class bodies run at import, before any input)."""
+    with open(filename) as stream:
+        code = compile(stream.read(), filename, "exec")
+    lines: set[int] = set()
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        if current is not code and current.co_flags & inspect.CO_NEWLOCALS:
+            first = current.co_firstlineno
+            lines.update(line for _, _, line in current.co_lines() if line is not None and line != first)
+        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    return lines
+
+
+def line_coverage(corpora: list[str], scratch: str) -> None:
+    """Replay a corpus under ``trace`` and print, per stfs module, the function-body lines it ran."""
+    import trace
+
+    inputs = sorted(os.path.join(c, n) for c in corpora for n in os.listdir(c))
+    tracer = trace.Trace(count=1, trace=0)
+    raised: dict[str, int] = {}
+    for path in inputs:
+        with open(path, "rb") as stream:
+            data = stream.read()
+        try:
+            tracer.runfunc(one_input, data, scratch)
+        except Exception as exc:
+            key = f"{type(exc).__name__}: {exc}"[:100]
+            raised[key] = raised.get(key, 0) + 1
+    counts = tracer.results().counts
+    print(f"{len(inputs)} inputs replayed; raised other than StfsError: {raised or 'none'}")
+    for module in (format, model, tree):
+        filename = module.__file__
+        assert filename is not None
+        executable = _body_lines(filename)
+        ran = {line for (name, line) in counts if name == filename} & executable
+        share = 100 * len(ran) / len(executable)
+        print(f"{os.path.relpath(filename)}: {len(ran)}/{len(executable)} function lines ({share:.0f}%); "
+              f"not run: {sorted(executable - ran)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=True)
     parser.add_argument("--crash-dir", default="/work/rel-data/fuzz-crashes")
+    parser.add_argument("--scratch", default=os.path.join(tempfile.gettempdir(), f"stfs-fuzz-{os.getuid()}"),
+                        help="folder for the files each input writes (emptied at start)")
     parser.add_argument("--replay", nargs="+", metavar="INPUT", help="run saved inputs once, raising on a crash")
+    parser.add_argument("--line-coverage", nargs="+", metavar="CORPUS",
+                        help="replay every input of the corpus folders and report the stfs lines they run")
     args, libfuzzer_args = parser.parse_known_args()
     sys.setrecursionlimit(1000)
-    scratch = tempfile.mkdtemp(prefix="stfs-fuzz-", dir="/work/rel-data" if os.path.isdir("/work/rel-data") else None)
+    # libFuzzer ends the process with exit(), so no `finally` runs: one fixed folder, emptied at each start
+    scratch = args.scratch
+    shutil.rmtree(scratch, ignore_errors=True)
+    os.makedirs(scratch)
     try:
         if args.replay:
             for path in args.replay:
                 with open(path, "rb") as stream:
                     one_input(stream.read(), scratch)
                 print(f"{path}: no crash")
+            return
+        if args.line_coverage:
+            line_coverage(args.line_coverage, scratch)
             return
         for corpus in [a for a in libfuzzer_args if not a.startswith("-")]:
             if not os.path.isdir(corpus) or not os.listdir(corpus):

@@ -10,6 +10,7 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -317,26 +318,29 @@ def mounted(source: str, mountpoint: str, layout: str = "nested", options: list[
     command = [sys.executable, "-m", "stfs", "mount", source, mountpoint, "-f", "--layout", layout]
     for option in options or []:
         command += ["-o", option]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while not os.path.ismount(mountpoint):
-            if process.poll() is not None:
-                _, stderr = process.communicate()
-                raise errors.MountError(f"{mountpoint}: mount failed: {stderr.strip()}")
-            if time.monotonic() > deadline:
-                raise errors.MountError(f"{mountpoint}: not mounted after {timeout} s")
-            time.sleep(0.1)
-        yield os.path.abspath(mountpoint)
-    finally:
-        if os.path.ismount(mountpoint) or _is_dead_mount(mountpoint):
-            with contextlib.suppress(errors.MountError):
-                unmount(mountpoint)
-            if os.path.ismount(mountpoint):
-                with contextlib.suppress(errors.MountError):
-                    unmount(mountpoint, lazy=True)
+    # Output goes to a file, not a pipe: nobody reads a pipe while the block runs, and a daemon that logs
+    # (an EIO per failed read) would fill it and block every thread on the logging lock.
+    with tempfile.TemporaryFile(mode="w+") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            deadline = time.monotonic() + timeout
+            while not os.path.ismount(mountpoint):
+                if process.poll() is not None:
+                    output.seek(0)
+                    raise errors.MountError(f"{mountpoint}: mount failed: {output.read().strip()}")
+                if time.monotonic() > deadline:
+                    raise errors.MountError(f"{mountpoint}: not mounted after {timeout} s")
+                time.sleep(0.1)
+            yield os.path.abspath(mountpoint)
+        finally:
+            if os.path.ismount(mountpoint) or _is_dead_mount(mountpoint):
+                with contextlib.suppress(errors.MountError):
+                    unmount(mountpoint)
+                if os.path.ismount(mountpoint):
+                    with contextlib.suppress(errors.MountError):
+                        unmount(mountpoint, lazy=True)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
