@@ -45,6 +45,7 @@ DEFAULT_MAX_OPEN_FILES = 256
 PAGE = 4096
 DROP_CHUNK = 2 << 20  # drop in 2 MiB-aligned pieces: a page straddling two requests goes too
 DROP_LAG = 2 << 20  # stay this far behind a run's newest byte: its pages may still sit in a pipe
+THREADED_DROP_LAG = 16 << 20  # with a thread pool, requests finish out of order and more are in flight
 MAX_RUNS = 8  # contiguous read runs followed per source file
 SMALL_RUN = 64 << 10  # reads shorter than this that continue no run are not followed (nor dropped)
 
@@ -117,6 +118,7 @@ class LocalFiles:
         self.drop_behind = drop_behind
         # A single-threaded daemon skips the lock: two uncontended acquisitions are a tenth of a 4 KiB read.
         self.threaded = threaded
+        self._lag = THREADED_DROP_LAG if threaded else DROP_LAG
 
     def read_into(self, file: str, offset: int, buffer: memoryview | ctypes.Array) -> int:
         """Fill ``buffer`` (any writable buffer) with the bytes of ``file`` at ``offset``; return its length."""
@@ -213,7 +215,7 @@ class LocalFiles:
             self._lock.acquire()
         try:
             if count and self.drop_behind:
-                self._served(handle, offset, offset + count)
+                self._served(handle, offset, offset + count, self._lag)
             handle.users -= 1
             if handle.evicted and not handle.users:
                 handle.close()
@@ -222,20 +224,28 @@ class LocalFiles:
                 self._lock.release()
 
     @staticmethod
-    def _served(handle: _OpenFile, start: int, end: int) -> None:
+    def _served(handle: _OpenFile, start: int, end: int, lag: int) -> None:
         """Note that [start, end) went to the mount's page cache; drop what lies far enough behind.
 
-        A read that continues a run extends it; any other starts a run, unless it is short: runs
-        that end short are not dropped anyway (a syscall per random 4 KiB read would cost more
-        than the page), so following them would only cost time.
+        A read that continues a run, or lands a little behind it (a thread pool finishes requests out
+        of order; readers racing through one file split the kernel's readahead), joins it; any other
+        starts a run, unless it is short: runs that end short are not dropped anyway (a syscall per
+        random 4 KiB read would cost more than the page), so following them would only cost time.
+        The pages of the read itself are still in the pipe to libfuse, so they go with a later cut.
         """
         runs = handle.runs
         for index in range(len(runs) - 1, -1, -1):
             run = runs[index]
-            if run[0] <= start <= run[1]:
+            if run[0] - lag <= start <= run[1]:
+                if start < run[0]:
+                    run[0] = start
                 if end > run[1]:
                     run[1] = end
-                cut = (end - DROP_LAG) // DROP_CHUNK * DROP_CHUNK
+                    for other in runs[:]:  # runs that now meet (out-of-order requests) become one
+                        if other is not run and other[0] - lag <= run[1] and run[0] - lag <= other[1]:
+                            run[0], run[1] = min(run[0], other[0]), max(run[1], other[1])
+                            runs.remove(other)
+                cut = (run[1] - lag) // DROP_CHUNK * DROP_CHUNK
                 if cut - run[0] >= DROP_CHUNK:
                     _drop(handle.fd, run[0], cut)
                     run[0] = cut
