@@ -123,7 +123,7 @@ class LocalFiles:
     def read_into(self, file: str, offset: int, buffer: memoryview | ctypes.Array) -> int:
         """Fill ``buffer`` (any writable buffer) with the bytes of ``file`` at ``offset``; return its length."""
         size = len(buffer)
-        handle = self._acquire(file, offset + size)
+        handle = self._acquire(file)
         done = 0
         try:
             done = os.preadv(handle.fd, [buffer], offset)
@@ -144,7 +144,7 @@ class LocalFiles:
 
         Returns the count moved: short only when the pipe is full, and the caller then drains it.
         """
-        handle = self._acquire(file, offset + count)
+        handle = self._acquire(file)
         done = 0
         try:
             while done < count:
@@ -163,10 +163,12 @@ class LocalFiles:
         finally:
             self._release(handle, offset, done)
 
-    def _acquire(self, file: str, end: int) -> _OpenFile:
-        """The open descriptor of ``file``, checked to still hold the mounted bytes up to ``end``.
+    def _acquire(self, file: str) -> _OpenFile:
+        """The open descriptor of ``file`` (opened, and its header checked, if it was not).
 
-        Every read pays an ``fstat``: a source rewritten in place must fail its reads, not serve new bytes.
+        The read that follows is checked *after* it is done (``_verify``): a source truncated or rewritten
+        before the read or during it fails that check alike, so a check before it would only repeat the
+        ``fstat`` (a microsecond of every 4 KiB read).
         """
         threaded = self.threaded
         if threaded:
@@ -179,11 +181,6 @@ class LocalFiles:
         finally:
             if threaded:
                 self._lock.release()
-        try:
-            self._verify(file, handle, end)
-        except BaseException:
-            self._release(handle, 0, 0)
-            raise
         return handle
 
     def _verify(self, file: str, handle: _OpenFile, end: int) -> None:
