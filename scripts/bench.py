@@ -562,6 +562,13 @@ SAFE_OPEN = "import sys; from safetensors import safe_open; f = safe_open(sys.ar
 def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
     from safetensors import safe_open
 
+    startup = []
+    for _ in range(args.runs):  # the floor of any command written in Python, on this machine
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        startup.append(time.perf_counter() - started)
+    results["python_startup_s"] = median(startup)
+    log(f"python -c pass: {median(startup):.3f} s")
     entries = {}
     largest = max(args.tensors)
     for count in args.tensors:
@@ -681,6 +688,8 @@ def table(results: dict[str, Any]) -> str:
         if cref_p50:
             add("  C reference p50 / p99 (us)", f"{cref_p50:.1f} / {latency['c_reference_p99_us']:.1f}")
         add("  source p50 / p99 (us)", f"{latency['source_p50_us']:.1f} / {latency['source_p99_us']:.1f}")
+    if "python_startup_s" in results:
+        add("python -c pass (s)", f"{results['python_startup_s']:.3f}")
     for count, entry in results.get("mount", {}).items():
         target = {"300": "<= 0.1 s", "100000": "<= 2 s"}.get(count, "")
         add(f"mount {int(count):,} tensors (s)", f"{entry['mount_s']:.3f}", target, check(f"mount_{count}_s",
