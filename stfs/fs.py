@@ -330,6 +330,7 @@ class StfsFUSE(mfusepy.FUSE):
         self.stats = stats
         self._local = threading.local()
         self._max_read = int(options.get("max_read", 0))
+        self._listing: tuple[str, list[tuple[bytes, Node]]] | None = None
         self._folder_entry = mfusepy.c_stat(st_mode=DIR_MODE, st_nlink=2)
         self._file_entry = mfusepy.c_stat(st_mode=FILE_MODE, st_nlink=1)
         self.source = operations.source
@@ -361,25 +362,34 @@ class StfsFUSE(mfusepy.FUSE):
         return 0
 
     def readdir_fuse_3(self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
-        # A file's entry needs only its type and inode (mfusepy's notes on readdir). A folder's is
-        # flagged "plus": libfuse looks it up at once and READDIRPLUS hands the kernel its dentry and
-        # attributes, so walking into it (find, ls -R) costs no LOOKUP request.
-        node = self.operations.directory("/" if path is None else path.decode(self.encoding, self.errors))
+        # Entries carry offsets (the index + 1), so libfuse passes each straight to the kernel rather than
+        # collecting the whole listing first, and a folder's entry, flagged "plus", is looked up at once
+        # (libfuse calls getattr in-process): READDIRPLUS hands the kernel the folder's dentry and
+        # attributes, and walking into it (find, ls -R) costs no LOOKUP request. A file's entry needs
+        # only its type and inode (mfusepy's notes on readdir). The listing of the last folder is kept:
+        # the kernel asks for a long one a few KiB at a time.
+        decoded = "/" if path is None else path.decode(self.encoding, self.errors)
+        listing = self._listing
+        if listing is None or listing[0] != decoded:
+            node = self.operations.directory(decoded)
+            encoding, errors = self.encoding, self.errors
+            entries = [(b".", node), (b"..", node.parent)]
+            entries += [(name.encode(encoding, errors), child) for name, child in node.children.items()]
+            listing = self._listing = (decoded, entries)
+        entries = listing[1]
         folder, file = self._folder_entry, self._file_entry
-        encoding, errors = self.encoding, self.errors
-        folder.st_ino = node.inode
-        if filler(buf, b".", folder, 0, 0):
-            return 0
-        folder.st_ino = node.parent.inode
-        if filler(buf, b"..", folder, 0, 0):
-            return 0
-        for name, child in node.children.items():
-            if type(child) is DirNode:
-                folder.st_ino = child.inode
-                full = filler(buf, name.encode(encoding, errors), folder, 0, FUSE_FILL_DIR_PLUS)
-            else:
+        stat = self.operations.stat
+        for index in range(offset, len(entries)):
+            name, child = entries[index]
+            if type(child) is not DirNode:
                 file.st_ino = child.inode
-                full = filler(buf, name.encode(encoding, errors), file, 0, 0)
+                full = filler(buf, name, file, index + 1, 0)
+            elif index > 1:  # the kernel keeps these attributes for attr_timeout: all of them, then
+                ctypes.memmove(ctypes.addressof(folder), _pack_stat(stat(child)), _STAT.size)
+                full = filler(buf, name, folder, index + 1, FUSE_FILL_DIR_PLUS)
+            else:  # "." and "..": never looked up
+                folder.st_mode, folder.st_ino = DIR_MODE, child.inode
+                full = filler(buf, name, folder, index + 1, 0)
             if full:
                 break
         return 0

@@ -121,3 +121,39 @@ def test_tensor_over_4_gib_at_offsets_past_2_32(tmp_path, mount: MountFn) -> Non
     finally:
         os.close(source)
         os.close(served)
+
+
+def test_listings_hand_the_kernel_whole_folder_attributes(tmp_path, mount: MountFn) -> None:  # noqa: ANN001
+    # Folders come back from READDIRPLUS with their attributes, which the kernel then keeps: all of them
+    # must be right, not just the type and inode.
+    names = [f"model.layers.{i}.mlp.{part}.weight" for i in range(40) for part in ("up", "down")]
+    header = {name: {"dtype": "U8", "shape": [2], "data_offsets": [2 * i, 2 * i + 2]} for i, name in enumerate(names)}
+    body = json.dumps(header).encode()
+    path = str(tmp_path / "m.safetensors")
+    with open(path, "wb") as stream:
+        stream.write(struct.pack("<Q", len(body)) + body + bytes(2 * len(names)))
+    mtime = os.stat(path).st_mtime_ns
+    mnt = mount(path)
+    layers = os.path.join(mnt, "tensors", "model", "layers")
+    listed = {entry.name: entry.inode() for entry in os.scandir(layers)}
+    assert sorted(listed, key=int) == [str(i) for i in range(40)]
+    for name, inode in listed.items():
+        folder = os.stat(os.path.join(layers, name))  # answered from what the listing handed over
+        assert folder.st_ino == inode
+        assert oct(folder.st_mode) == oct(0o40555) and folder.st_nlink == 2 and folder.st_size == 0
+        assert folder.st_mtime_ns == mtime and folder.st_uid == os.getuid()
+    assert sorted(os.listdir(os.path.join(layers, "3", "mlp"))) == ["down", "up"]
+
+
+def test_a_long_flat_listing_arrives_whole(tmp_path, mount: MountFn) -> None:  # noqa: ANN001
+    count = 5000  # a listing the kernel fetches a few KiB at a time
+    header = {f"t{i:05d}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(count)}
+    body = json.dumps(header).encode()
+    path = str(tmp_path / "flat.safetensors")
+    with open(path, "wb") as stream:
+        stream.write(struct.pack("<Q", len(body)) + body + bytes(i % 256 for i in range(count)))
+    mnt = mount(path, layout="flat")
+    names = os.listdir(os.path.join(mnt, "tensors"))
+    assert len(names) == count and sorted(names) == sorted(header)
+    with open(os.path.join(mnt, "tensors", "t04999"), "rb") as stream:
+        assert stream.read() == bytes([4999 % 256])
