@@ -241,6 +241,8 @@ def _read_weight_map(index: str, document: dict | None = None) -> dict[str, str]
     weight_map = (_read_index(index) if document is None else document).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise errors.InvalidIndex(f"{index}: index has no weight_map of tensor name -> shard file")
+    if not weight_map:
+        raise errors.InvalidIndex(f"{index}: weight_map names no tensor")
     for shard in set(weight_map.values()):
         parts = shard.replace("\\", "/").split("/")
         if os.path.isabs(shard) or ".." in parts or not shard:
