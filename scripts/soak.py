@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from safetensors.numpy import save_file
 
+from stfs.daemon import daemon_pid
+
 CHUNK = 256 * 1024
 PAGE = mmap.PAGESIZE
 
@@ -114,22 +116,6 @@ def targets_of(mountpoint: str) -> list[Target]:
     return sorted(found, key=lambda t: t.path)
 
 
-def daemon_pid(mountpoint: str) -> int | None:
-    """The PID of the ``stfs mount`` daemon serving ``mountpoint`` (its argv names the mountpoint)."""
-    mountpoint = os.path.abspath(mountpoint)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as stream:
-                argv = [a.decode(errors="replace") for a in stream.read().split(b"\0") if a]
-        except OSError:
-            continue
-        if "mount" in argv and any(a.endswith("stfs") or a == "stfs" for a in argv[:3]) and (
-            mountpoint in argv or any(os.path.abspath(a) == mountpoint for a in argv if a.startswith(("/", ".")))
-        ):
-            return int(entry)
-    return None
 
 
 def memory(pid: int) -> dict[str, int]:

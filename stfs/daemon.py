@@ -344,3 +344,11 @@ def mounted(source: str, mountpoint: str, layout: str = "nested", options: list[
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def daemon_pid(mountpoint: str) -> int | None:
+    """The PID of the stfs daemon serving ``mountpoint`` (the root's ``user.stfs.pid``), or None."""
+    try:
+        return int(os.getxattr(mountpoint, "user.stfs.pid"))
+    except (OSError, ValueError):
+        return None

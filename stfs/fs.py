@@ -27,6 +27,7 @@ from .tree import DirNode, FileNode, Node, Tree, file_mode
 log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 4096
+DAEMON_PID_XATTR = "user.stfs.pid"
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 STAT_FIELDS = ("st_mode", "st_ino", "st_nlink", "st_size", "st_blocks", "st_blksize", "st_uid", "st_gid",
@@ -191,16 +192,22 @@ class StfsOperations(Operations):
 
     @_eio_on_surprise
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        node = self._lookup(path)
-        xattrs = node.xattrs if isinstance(node, FileNode) else {}
+        xattrs = self._xattrs(path)
         if name not in xattrs:
             raise FuseOSError(mfusepy.ENOATTR)
         return xattrs[name]
 
     @_eio_on_surprise
     def listxattr(self, path: str) -> list[str]:
+        return list(self._xattrs(path))
+
+    def _xattrs(self, path: str) -> dict[str, bytes]:
         node = self._lookup(path)
-        return list(node.xattrs) if isinstance(node, FileNode) else []
+        if isinstance(node, FileNode):
+            return node.xattrs
+        if node is self.tree.root:  # which process serves this mount: for `kill`, monitoring and tests
+            return {DAEMON_PID_XATTR: str(os.getpid()).encode()}
+        return {}
 
     @_eio_on_surprise
     def access(self, path: str, amode: int) -> int:

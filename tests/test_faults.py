@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from stfs.daemon import daemon_pid
 from stfs.format import read_header
 from stfs.source import Expectation, LocalFiles, SourceChanged
 from tests.conftest import MountFn
@@ -325,20 +326,6 @@ def test_a_failed_header_check_does_not_leak_the_descriptor(tmp_path: os.PathLik
 
 # -- the daemon killed under readers -----------------------------------------------------------------------------
 
-def daemon_pid(mountpoint: str) -> int | None:
-    """The PID of the background ``stfs mount`` daemon of ``mountpoint`` (its argv names the mountpoint)."""
-    mountpoint = os.path.abspath(mountpoint)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as stream:
-                argv = [arg.decode(errors="replace") for arg in stream.read().split(b"\0") if arg]
-        except OSError:
-            continue
-        if "mount" in argv and "stfs" in " ".join(argv[:3]) and mountpoint in argv:
-            return int(entry)
-    return None
 
 
 def _alive(pid: int) -> bool:

@@ -262,7 +262,7 @@ def test_a_name_too_long_for_an_xattr_is_still_a_readable_file(mount: MountFn, t
 # -- the 1M-tensor measurement (a script run, not a test) ---------------------------------------------------------
 
 def _daemon_memory(mountpoint: str) -> dict[str, int]:
-    from tests.test_faults import daemon_pid
+    from stfs.daemon import daemon_pid
 
     pid = daemon_pid(mountpoint)
     assert pid is not None

@@ -13,11 +13,13 @@ import struct
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from stfs.daemon import mounted
+from stfs.daemon import daemon_pid, mounted
 from stfs.tree import split_name
 from tests.conftest import run
 from tests.fixtures import (
@@ -388,64 +390,51 @@ def test_python_context_manager(tmp_path, rich: str, require_fuse: None) -> None
     assert not os.path.ismount(mnt)
 
 
-def test_sigterm_unmounts_cleanly(tmp_path, rich: str, require_fuse: None) -> None:  # noqa: ANN001
+@pytest.fixture
+def foreground_daemon(tmp_path, rich: str, require_fuse: None) -> Iterator[tuple[subprocess.Popen, str]]:  # noqa: ANN001
+    """``stfs mount -f`` in a child process, mounted; the test decides how it ends, teardown cleans up."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     process = subprocess.Popen([sys.executable, "-m", "stfs", "mount", rich, str(mnt), "-f"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        with mounted_wait(str(mnt), process):
-            process.terminate()
-            assert process.wait(timeout=30) == 0
-        assert not os.path.ismount(mnt)
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            assert process.poll() is None and time.monotonic() < deadline, "the daemon did not mount"
+            time.sleep(0.1)
+        yield process, str(mnt)
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
-        if os.path.ismount(mnt):
-            run(["fusermount3", "-u", "-z", str(mnt)])
+        process.wait()
+        run(["fusermount3", "-u", "-z", str(mnt)])  # a no-op unless a failed test left it mounted or dead
 
 
-class mounted_wait:  # noqa: N801
-    """Wait for a mount made by ``process``; on exit nothing (the test decides how it ends)."""
-
-    def __init__(self, mnt: str, process: subprocess.Popen) -> None:
-        self.mnt, self.process = mnt, process
-
-    def __enter__(self) -> str:
-        import time
-
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(self.mnt):
-            assert self.process.poll() is None, self.process.stderr.read() if self.process.stderr else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        return self.mnt
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+def test_root_names_the_daemon_pid(foreground_daemon: tuple[subprocess.Popen, str]) -> None:
+    process, mnt = foreground_daemon
+    assert daemon_pid(mnt) == process.pid
+    assert run(["getfattr", "-n", "user.stfs.pid", "--only-values", mnt]).stdout == str(process.pid)
 
 
-def test_sigkill_then_unmount_recovers(tmp_path, rich: str, require_fuse: None) -> None:  # noqa: ANN001
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "stfs", "mount", rich, str(mnt), "-f"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        with mounted_wait(str(mnt), process):
-            process.kill()
-            process.wait(timeout=30)
-        with pytest.raises(OSError) as caught:
-            os.listdir(mnt)
-        assert caught.value.errno == errno.ENOTCONN
-        again = run(["stfs", "mount", rich, str(mnt)])
-        assert again.returncode == 1 and "stfs unmount" in again.stderr
-        assert run(["stfs", "unmount", str(mnt)]).returncode == 0
-        with mounted(rich, str(mnt)):
-            assert read_file(tensor_path(str(mnt), "scalar")) == tensor_bytes(rich, "scalar")
-    finally:
-        if os.path.ismount(mnt):
-            run(["fusermount3", "-u", "-z", str(mnt)])
+def test_sigterm_unmounts_cleanly(foreground_daemon: tuple[subprocess.Popen, str]) -> None:
+    process, mnt = foreground_daemon
+    process.terminate()
+    assert process.wait(timeout=30) == 0
+    assert not os.path.ismount(mnt)
+
+
+def test_sigkill_then_unmount_recovers(foreground_daemon: tuple[subprocess.Popen, str], rich: str) -> None:
+    process, mnt = foreground_daemon
+    process.kill()
+    process.wait(timeout=30)
+    with pytest.raises(OSError) as caught:
+        os.listdir(mnt)
+    assert caught.value.errno == errno.ENOTCONN
+    again = run(["stfs", "mount", rich, mnt])
+    assert again.returncode == 1 and "stfs unmount" in again.stderr
+    assert run(["stfs", "unmount", mnt]).returncode == 0
+    with mounted(rich, mnt):
+        assert read_file(tensor_path(mnt, "scalar")) == tensor_bytes(rich, "scalar")
 
 
 def test_truncated_source_gives_eio_and_mount_stays_up(mount, tmp_path) -> None:  # noqa: ANN001

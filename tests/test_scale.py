@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import pytest
 
+from stfs.daemon import daemon_pid
 from stfs.source import DEFAULT_MAX_OPEN_FILES
 from tests.conftest import MountFn
 from tests.fixtures import tensor_bytes
@@ -18,19 +19,6 @@ pytestmark = pytest.mark.timeout(300)
 GIB = 1 << 30
 
 
-def daemon_pid(mountpoint: str) -> int:
-    """The PID of the ``stfs mount ... MNT`` process serving ``mountpoint``."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as stream:
-                args = stream.read().split(b"\0")
-        except OSError:
-            continue
-        if b"mount" in args and mountpoint.encode() in args:
-            return int(entry)
-    raise AssertionError(f"no daemon serves {mountpoint}")
 
 
 def open_files(pid: int) -> int:
