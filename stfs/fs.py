@@ -336,6 +336,7 @@ class StfsFUSE(mfusepy.FUSE):
     def __init__(self, operations: StfsOperations, mountpoint: str, stats: Stats | None = None, **options: Any) -> None:
         self.stats = stats
         self._local = threading.local()
+        self._failed_sources: set[str | None] = set()
         self._max_read = int(options.get("max_read", 0))
         self._listing: tuple[str, list[tuple[bytes, Node]]] | None = None
         self._folder_entry = mfusepy.c_stat(st_mode=DIR_MODE, st_nlink=2)
@@ -437,7 +438,11 @@ class StfsFUSE(mfusepy.FUSE):
         except OSError as exc:
             if isinstance(exc, FuseOSError):
                 raise
-            log.error("read of %s at %d failed: %s", file, offset, exc)
+            # One line per source, not per read: a truncated source under a busy reader would fill the log.
+            level = logging.DEBUG if file in self._failed_sources else logging.ERROR
+            self._failed_sources.add(file)
+            log.log(level, "read of %s at %d failed: %s (further failures of it are logged at debug level)",
+                    file, offset, exc)
             raise FuseOSError(errno.EIO) from exc
 
     def _splice(self, file: str, offset: int, count: int, pipe: _Pipe) -> bool:

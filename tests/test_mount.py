@@ -455,3 +455,25 @@ def test_shutil_copytree_of_a_model(mount, rich: str, tmp_path) -> None:  # noqa
     target = tmp_path / "tree"
     shutil.copytree(mnt, target)
     assert read_file(str(target / "header.json")) == raw_header(rich).rstrip(b" ")
+
+
+def test_failed_reads_of_a_source_are_logged_once(tmp_path, require_fuse: None) -> None:  # noqa: ANN001
+    arrays = {"a": np.arange(40000, dtype=np.float32), "b": np.arange(40000, dtype=np.float32) * 2}
+    source = write_numpy(str(tmp_path / "t.safetensors"), arrays)
+    mnt, log_file = tmp_path / "mnt", tmp_path / "daemon.log"
+    mnt.mkdir()
+    assert run(["stfs", "mount", source, str(mnt), "--log-file", str(log_file)]).returncode == 0
+    try:
+        os.truncate(source, os.path.getsize(source) - 100_000)
+        for _ in range(5):
+            fd = os.open(tensor_path(str(mnt), "b"), os.O_RDONLY)
+            try:
+                with pytest.raises(OSError) as caught:
+                    os.pread(fd, 4096, 120_000)  # past the new end
+                assert caught.value.errno == errno.EIO
+            finally:
+                os.close(fd)
+    finally:
+        assert run(["stfs", "unmount", str(mnt)]).returncode == 0
+    errors = [line for line in log_file.read_text().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "t.safetensors" in errors[0], errors
