@@ -274,8 +274,13 @@ def _load_sharded(source: ModelSource) -> Model:
     problems: list[errors.StfsError] = []
     shards: list[Shard] = []
     # In shard-name order, not the weight_map's (usually sorted by tensor name): "the first shard" is model-00001.
-    for shard_name in sorted(set(weight_map.values()), key=_natural_key):
+    loaded: set[str] = set()
+    spellings = sorted(set(weight_map.values()), key=lambda n: (_natural_key(os.path.normpath(n)), len(n), n))
+    for shard_name in spellings:
         path = _shard_path(index, shard_name)
+        if path in loaded:  # one file spelled two ways ("a.safetensors", "./a.safetensors"): read it once
+            continue
+        loaded.add(path)
         if not os.path.isfile(path):
             problems.append(errors.MissingShard(f"{index}: shard {shard_name!r} named by weight_map is missing"))
             continue
@@ -303,7 +308,7 @@ def _load_sharded(source: ModelSource) -> Model:
             if entry.name not in weight_map:
                 warnings.append(f"{shard.header.path}: tensor {entry.name!r} is not named by the index {index}")
     for name, shard_name in weight_map.items():
-        if owner.get(name) != shard_name:
+        if name not in owner or _shard_path(index, owner[name]) != _shard_path(index, shard_name):
             where = f"; it is in {owner[name]!r}" if name in owner else ""
             problems.append(errors.TensorNotInShard(
                 f"{index}: tensor {name!r} is mapped to shard {shard_name!r}, which lacks it{where}"

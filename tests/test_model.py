@@ -445,3 +445,14 @@ def test_shard_name_with_a_lone_surrogate(tmp_path: Path) -> None:
     index.write_text(json.dumps({"weight_map": {"w": os.fsdecode(b"\xff.safetensors")}}))
     with pytest.raises(errors.InvalidIndex, match="surrogate"):
         resolve(str(index))
+
+
+def test_one_shard_spelled_two_ways_is_read_once(tmp_path) -> None:  # noqa: ANN001
+    shards = sharded_arrays()
+    first, second = list(shards)
+    weight_map = {name: shard for shard, arrays in shards.items() for name in arrays}
+    weight_map[next(iter(shards[first]))] = "./" + first  # the same file, another spelling
+    index = write_sharded(str(tmp_path / "repo"), shards, weight_map=weight_map)
+    model = load(ModelSource(name="", path=index))
+    assert sorted(shard.name for shard in model.shards) == sorted([first, second])
+    assert len(model.tensors) == sum(len(arrays) for arrays in shards.values())
