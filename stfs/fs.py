@@ -7,7 +7,6 @@ import errno
 import fcntl
 import logging
 import os
-import stat
 import struct
 import termios
 import threading
@@ -22,14 +21,12 @@ from mfusepy import FuseOSError, Operations  # noqa: E402
 
 from .source import ByteSource  # noqa: E402
 from .stats import Stats, from_environment  # noqa: E402
-from .tree import DirNode, FileNode, Node, Tree, file_mode
+from .tree import DIR_MODE, FILE_MODE, DirNode, FileNode, Node, Tree, file_mode
 
 log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 4096
 DAEMON_PID_XATTR = "user.stfs.pid"
-DIR_MODE = stat.S_IFDIR | 0o555
-FILE_MODE = stat.S_IFREG | 0o444
 STAT_FIELDS = ("st_mode", "st_ino", "st_nlink", "st_size", "st_blocks", "st_blksize", "st_uid", "st_gid",
                "st_mtime", "st_ctime", "st_atime")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -167,13 +164,16 @@ class StfsOperations(Operations):
         """Fill ``buffer`` from ``offset`` of the file; the read is clamped at the file's end."""
         node = self._file(path, fh)
         count = max(0, min(len(buffer), node.size - offset))
-        if count == 0:
-            return 0
+        return self.fill(node, buffer, offset, count) if count else 0
+
+    def fill(self, node: FileNode, buffer: Any, offset: int, count: int) -> int:
+        """Copy ``count`` bytes of ``node`` from ``offset`` (clamped already) to the start of ``buffer``."""
         if node.data is not None:
             buffer[:count] = node.data[offset : offset + count]
             return count
         assert node.file is not None
-        return self.source.read_into(node.file, node.offset + offset, buffer[:count])
+        view = buffer if len(buffer) == count else memoryview(buffer)[:count]
+        return self.source.read_into(node.file, node.offset + offset, view)
 
     @_eio_on_surprise
     def statfs(self, path: str) -> dict[str, int]:
@@ -425,12 +425,8 @@ class StfsFUSE(mfusepy.FUSE):
             if not memory:
                 raise FuseOSError(errno.ENOMEM)
             try:
-                buffer = (ctypes.c_char * count).from_address(memory)
-                if file is None:
-                    assert node.data is not None
-                    buffer[:] = node.data[offset : offset + count]
-                elif count:
-                    count = self.source.read_into(file, node.offset + offset, buffer)
+                if count:
+                    count = operations.fill(node, (ctypes.c_char * count).from_address(memory), offset, count)
             except BaseException:
                 _libc.free(memory)
                 raise

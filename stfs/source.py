@@ -32,6 +32,7 @@ import logging
 import os
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -122,54 +123,45 @@ class LocalFiles:
 
     def read_into(self, file: str, offset: int, buffer: memoryview | ctypes.Array) -> int:
         """Fill ``buffer`` (any writable buffer) with the bytes of ``file`` at ``offset``; return its length."""
-        size = len(buffer)
-        handle = self._acquire(file)
-        done = 0
-        try:
-            done = os.preadv(handle.fd, [buffer], offset)
-            while done < size:  # rare: a read cut short by a signal, or a source truncated since the check
-                count = os.preadv(handle.fd, [memoryview(buffer).cast("B")[done:]], offset + done)
-                if count == 0:
-                    raise SourceChanged(f"{file} ends at byte {offset + done}: truncated since it was mounted")
-                done += count
-            # Checked again after the read: a rewrite that landed during it (a writer puts the new header
-            # first) must fail this read too, not hand out new bytes as the mounted tensor's.
-            self._verify(file, handle, offset + size)
-            return done
-        finally:
-            self._release(handle, offset, done)
+        view = memoryview(buffer).cast("B")
+        return self._transfer(file, offset, len(view), lambda fd, done: os.preadv(fd, [view[done:]], offset + done))
 
     def splice_into(self, file: str, offset: int, count: int, pipe: int) -> int:
         """Move ``count`` bytes of ``file`` at ``offset`` into the pipe ``pipe`` (non-blocking) by reference.
 
-        Returns the count moved: short only when the pipe is full, and the caller then drains it.
+        Returns the count moved: short only when the pipe is full, and the caller then drains it. (The pipe
+        holds the pages themselves; a writer overwriting them in place in the few microseconds until libfuse
+        copies them out is not caught. Truncating first, as writers do, detaches them.)
+        """
+        return self._transfer(
+            file, offset, count, lambda fd, done: os.splice(fd, pipe, count - done, offset_src=offset + done)
+        )
+
+    def _transfer(self, file: str, offset: int, count: int, step: Callable[[int, int], int]) -> int:
+        """Run ``step(fd, done)`` until ``count`` bytes moved (or a pipe is full), then check the source.
+
+        The check comes *after* the bytes moved: a source truncated or rewritten before the read or
+        during it fails it alike (a writer puts the new header first), so new bytes are never handed
+        out as the mounted tensor's, and a check before it would only repeat the ``fstat``.
         """
         handle = self._acquire(file)
         done = 0
         try:
             while done < count:
                 try:
-                    moved = os.splice(handle.fd, pipe, count - done, offset_src=offset + done)
-                except BlockingIOError:
+                    moved = step(handle.fd, done)
+                except BlockingIOError:  # the pipe is full
                     break
                 if moved == 0:
                     raise SourceChanged(f"{file} ends at byte {offset + done}: truncated since it was mounted")
                 done += moved
-            # As read_into: a rewrite that landed while the pages went into the pipe fails this read. (The
-            # pipe holds the pages themselves; a writer overwriting them in place in the few microseconds
-            # until libfuse copies them out is not caught. Truncating first, as writers do, detaches them.)
             self._verify(file, handle, offset + count)
             return done
         finally:
             self._release(handle, offset, done)
 
     def _acquire(self, file: str) -> _OpenFile:
-        """The open descriptor of ``file`` (opened, and its header checked, if it was not).
-
-        The read that follows is checked *after* it is done (``_verify``): a source truncated or rewritten
-        before the read or during it fails that check alike, so a check before it would only repeat the
-        ``fstat`` (a microsecond of every 4 KiB read).
-        """
+        """The open descriptor of ``file`` (opened, and its header checked, if it was not)."""
         threaded = self.threaded
         if threaded:
             self._lock.acquire()

@@ -21,28 +21,20 @@ import hashlib
 import json
 import re
 import stat
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from sys import intern
 
 from .format import TensorEntry
-from .model import Model, Tensor, merged_header
+from .model import Model, merged_header
 
 NAME_MAX = 255
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
 SELF_NAME = "%"  # a folder's own tensor, or the empty name at the root
 _SPLIT = re.compile(r"(?<=[^.])\.(?=[^.])")
 _ESCAPE = re.compile(r"[%/\x00]")
 _UNESCAPE = re.compile(r"%([0-9A-F]{2})")
-
-
-@dataclass(frozen=True, slots=True)
-class Blob:
-    """File content: ``size`` bytes of ``file`` at ``offset``, or ``data`` held in memory."""
-
-    size: int
-    file: str | None = None
-    offset: int = 0
-    data: bytes | None = None
 
 
 class FileNode:
@@ -64,10 +56,6 @@ class FileNode:
         self.offset = offset
         self.data = data
         self.tensor = tensor
-
-    @property
-    def content(self) -> Blob:
-        return Blob(size=self.size, file=self.file, offset=self.offset, data=self.data)
 
     @property
     def xattrs(self) -> dict[str, bytes]:
@@ -124,7 +112,7 @@ def split_name(name: str, layout: str) -> list[str]:
     if layout == "nested" and _plain(name):
         # The common case, fast: every dot splits and no component needs escaping. Components
         # are interned: "weight" or "12" stand in many folders, as one str.
-        return [intern(part) if len(part) <= _SHORT else escape_component(part) for part in name.split(".")]
+        return [_component(part) for part in name.split(".")]
     parts = _SPLIT.split(name) if layout == "nested" else [name]
     return [escape_component(part) for part in parts]
 
@@ -245,20 +233,25 @@ class Tree:
             raise TreeError(f"tensor file {name!r} is taken twice")
         self.file_count += 1
 
-    def new_file(self, content: Blob, mtime_ns: int, tensor: TensorEntry | None = None) -> FileNode:
-        return FileNode(self._take_inode(), mtime_ns, content.size, content.file, content.offset, content.data, tensor)
+    def new_file(self, mtime_ns: int, size: int, file: str | None = None, offset: int = 0,
+                 data: bytes | None = None) -> FileNode:
+        """A file that is ``size`` bytes of ``file`` at ``offset``, or ``data`` held in memory."""
+        return FileNode(self._take_inode(), mtime_ns, size, file, offset, data)
+
+    def new_memory_file(self, mtime_ns: int, data: bytes) -> FileNode:
+        return self.new_file(mtime_ns, len(data), data=data)
 
     def walk(self) -> Iterator[tuple[str, Node]]:
         """Every (path, node), folders before their contents."""
         yield "/", self.root
-        stack: list[tuple[str, DirNode]] = [("", self.root)]
-        while stack:
-            prefix, folder = stack.pop(0)
+        queue: deque[tuple[str, DirNode]] = deque([("", self.root)])
+        while queue:
+            prefix, folder = queue.popleft()
             for name, child in folder.children.items():
                 path = f"{prefix}/{name}"
                 yield path, child
                 if isinstance(child, DirNode):
-                    stack.append((path, child))
+                    queue.append((path, child))
 
 
 def build_tree(models: list[Model], layout: str = "nested") -> Tree:
@@ -279,36 +272,31 @@ def _add_model(tree: Tree, base: list[str], model: Model, layout: str) -> None:
     model_mtime = max(shard.header.mtime_ns for shard in model.shards)
     tree.folder(base, model_mtime)
     if model.is_sharded:
-        header_blob = _memory_blob(merged_header(model))
+        header_file = tree.new_memory_file(model_mtime, merged_header(model))
     else:
         header = model.shards[0].header
-        header_blob = Blob(size=header.json_length, file=header.path, offset=8)
-    tree.add_file([*base, "header.json"], tree.new_file(header_blob, model_mtime))
+        header_file = tree.new_file(model_mtime, header.json_length, header.path, offset=8)
+    tree.add_file([*base, "header.json"], header_file)
     _add_metadata(tree, [*base, "metadata"], model.metadata, model_mtime)
     _add_tensors(tree, tree.folder([*base, "tensors"], model_mtime), layout, model)
     if model.index_path is not None:
         with open(model.index_path, "rb") as stream:
-            tree.add_file([*base, "index.json"], tree.new_file(_memory_blob(stream.read()), model_mtime))
+            tree.add_file([*base, "index.json"], tree.new_memory_file(model_mtime, stream.read()))
         tree.folder([*base, "shards"], model_mtime)
         for shard in model.shards:
             header = shard.header
             folder = [*base, "shards", escape_component(shard.name)]
             tree.folder(folder, header.mtime_ns)
-            shard_header = Blob(size=header.json_length, file=header.path, offset=8)
-            tree.add_file([*folder, "header.json"], tree.new_file(shard_header, header.mtime_ns))
+            shard_header = tree.new_file(header.mtime_ns, header.json_length, header.path, offset=8)
+            tree.add_file([*folder, "header.json"], shard_header)
             _add_metadata(tree, [*folder, "metadata"], header.metadata, header.mtime_ns)
 
 
-def _memory_blob(data: bytes) -> Blob:
-    return Blob(size=len(data), data=data)
-
-
-def _add_metadata(tree: Tree, folder: list[str], metadata: dict[str, str] | object, mtime_ns: int) -> None:
+def _add_metadata(tree: Tree, folder: list[str], metadata: Mapping[str, str], mtime_ns: int) -> None:
     tree.folder(folder, mtime_ns)
-    assert isinstance(metadata, dict)
     for key, value in metadata.items():
-        blob = _memory_blob((value + "\n").encode("utf-8", "surrogatepass"))
-        tree.add_file([*folder, escape_component(key)], tree.new_file(blob, mtime_ns))
+        content = (value + "\n").encode("utf-8", "surrogatepass")
+        tree.add_file([*folder, escape_component(key)], tree.new_memory_file(mtime_ns, content))
 
 
 def _add_tensors(tree: Tree, folder: DirNode, layout: str, model: Model) -> None:
@@ -343,7 +331,7 @@ def _add_tensors(tree: Tree, folder: DirNode, layout: str, model: Model) -> None
                 parent = folders.get(prefix)
                 if parent is None:
                     parent = folder_of(prefix, mtime)
-                leaf = intern(leaf) if len(leaf) <= _SHORT else escape_component(leaf)
+                leaf = _component(leaf)
                 if leaf in parent.children:
                     tree.place_tensor(parent, leaf, node)  # a folder of that name: the file goes in as "%"
                 else:
@@ -359,12 +347,8 @@ def _component(part: str) -> str:
     return intern(part) if len(part) <= _SHORT else escape_component(part)
 
 
-def tensor_xattrs(tensor: Tensor) -> dict[str, bytes]:
-    """The ``user.safetensors.*`` extended attributes of a tensor file (SPEC §2)."""
-    return _xattrs(tensor.name, tensor.dtype, tensor.shape, tensor.file, tensor.offset)
-
-
 def _xattrs(name: str, dtype: str, shape: tuple[int, ...], file: str, offset: int) -> dict[str, bytes]:
+    """The ``user.safetensors.*`` extended attributes of a tensor file (SPEC §2)."""
     return {
         "user.safetensors.name": name.encode("utf-8", "surrogatepass"),
         "user.safetensors.dtype": dtype.encode(),
@@ -375,4 +359,4 @@ def _xattrs(name: str, dtype: str, shape: tuple[int, ...], file: str, offset: in
 
 
 def file_mode(node: Node) -> int:
-    return (stat.S_IFDIR | 0o555) if isinstance(node, DirNode) else (stat.S_IFREG | 0o444)
+    return DIR_MODE if isinstance(node, DirNode) else FILE_MODE
