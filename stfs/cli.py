@@ -127,7 +127,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 continue
             for warning in model.warnings:
                 print(f"warning: {warning}")
-            print(f"{model.path}: ok ({len(model.tensors)} tensors)")
+            print(f"{model.path}: ok ({sum(len(shard.header.tensors) for shard in model.shards)} tensors)")
     return EXIT_OK if problems == 0 else EXIT_INVALID
 
 

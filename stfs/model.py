@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import overload
 
 from . import errors
 from .format import Header, encodable, read_header
@@ -49,52 +48,6 @@ class Shard:
     header: Header
 
 
-class Tensors(Sequence[Tensor]):
-    """A model's tensors, shard by shard in header order, made only when first asked for.
-
-    Mounting walks the shards' headers directly; ``Tensor`` records for 100,000 tensors
-    would cost a tenth of a second and their memory for nothing.
-    """
-
-    __slots__ = ("_shards", "_sharded", "_made")
-
-    def __init__(self, shards: tuple[Shard, ...], sharded: bool) -> None:
-        self._shards = shards
-        self._sharded = sharded
-        self._made: tuple[Tensor, ...] | None = None
-
-    def _all(self) -> tuple[Tensor, ...]:
-        if self._made is None:
-            self._made = tuple(t for shard in self._shards for t in _tensors_of(shard, self._sharded))
-        return self._made
-
-    def __len__(self) -> int:
-        return sum(len(shard.header.tensors) for shard in self._shards)
-
-    @overload
-    def __getitem__(self, index: int) -> Tensor: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Tensor, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Tensor | tuple[Tensor, ...]:
-        return self._all()[index]
-
-    def __iter__(self) -> Iterator[Tensor]:
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Tensors):
-            return self._all() == other._all()
-        return isinstance(other, tuple) and self._all() == other
-
-    def __hash__(self) -> int:
-        return hash(self._all())
-
-    def __repr__(self) -> str:
-        return repr(self._all())
-
-
 @dataclass(frozen=True, slots=True)
 class ModelSource:
     """Where a model lives, before its headers are read: ``name`` is its folder in a multi-model mount."""
@@ -113,7 +66,6 @@ class Model:
 
     name: str
     path: str
-    tensors: Sequence[Tensor]  # a ``Tensors``: made on first use
     metadata: Mapping[str, str]
     shards: tuple[Shard, ...]
     index_path: str | None = None
@@ -122,6 +74,11 @@ class Model:
     @property
     def is_sharded(self) -> bool:
         return self.index_path is not None
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        """Every tensor, shard by shard in header order; made on each call (mounting reads the headers instead)."""
+        return tuple(tensor for shard in self.shards for tensor in _tensors_of(shard, self.is_sharded))
 
     @property
     def data_size(self) -> int:
@@ -194,7 +151,6 @@ def load(source: ModelSource) -> Model:
     return Model(
         name=source.name,
         path=source.path,
-        tensors=Tensors((shard,), sharded=False),
         metadata=header.metadata,
         shards=(shard,),
     )
@@ -327,7 +283,6 @@ def _load_sharded(source: ModelSource) -> Model:
     return Model(
         name=source.name,
         path=index,
-        tensors=Tensors(tuple(shards), sharded=True),
         metadata=metadata,
         shards=tuple(shards),
         index_path=index,
