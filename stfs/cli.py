@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__, errors
-from .model import InvalidModel, discover, load
+from .model import discover, load
+from .source import DEFAULT_MAX_OPEN_FILES
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -38,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--layout", choices=("nested", "flat"), default="nested",
                        help="tensors/ as folders split at dots (nested, default) or one file per name (flat)")
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
-    mount.add_argument("--max-open-files", type=int, default=256, metavar="N",
-                       help="source files kept open at once (default 256)")
+    mount.add_argument("--max-open-files", type=int, default=DEFAULT_MAX_OPEN_FILES, metavar="N",
+                       help=f"source files kept open at once (default {DEFAULT_MAX_OPEN_FILES})")
     mount.add_argument("--threads", action="store_true",
                        help="serve requests with libfuse's thread pool (default: one thread, faster under the GIL)")
     mount.add_argument("--keep-source-cache", action="store_true",
@@ -116,7 +117,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             checked += 1
             try:
                 model = load(source)
-            except InvalidModel as exc:
+            except errors.InvalidModel as exc:
                 for problem in exc.problems:
                     print(problem.message)
                 problems += len(exc.problems)

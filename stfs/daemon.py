@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 
 from . import errors
 from .model import Model, resolve
-from .source import Expectation, LocalFiles
-from .tree import Tree, TreeError, build_tree
+from .source import DEFAULT_MAX_OPEN_FILES, Expectation, LocalFiles
+from .tree import Tree, build_tree
 
 log = logging.getLogger("stfs")
 
@@ -60,7 +61,8 @@ def parse_options(text_options: list[str]) -> dict[str, object]:
 
 
 def plan_mount(source: str, mountpoint: str, layout: str = "nested", options: list[str] | None = None,
-               max_open_files: int = 256, threads: bool = False, keep_source_cache: bool = False) -> MountPlan:
+               max_open_files: int = DEFAULT_MAX_OPEN_FILES, threads: bool = False,
+               keep_source_cache: bool = False) -> MountPlan:
     """Validate SOURCE and MOUNTPOINT and build the tree; raise ``StfsError`` on any problem.
 
     ``threads`` serves with libfuse's thread pool instead of one thread; ``keep_source_cache``
@@ -75,8 +77,6 @@ def plan_mount(source: str, mountpoint: str, layout: str = "nested", options: li
     try:
         models = resolve(source)
         tree = build_tree(models, layout)
-    except TreeError as exc:
-        raise errors.SourceError(str(exc)) from None
     finally:
         if collecting:
             gc.enable()
@@ -110,7 +110,7 @@ def _expectations(models: list[Model]) -> dict[str, Expectation]:
 
 
 def check_mountpoint(mountpoint: str) -> None:
-    if _is_dead_mount(mountpoint):
+    if is_dead_mount(mountpoint):
         raise errors.MountError(
             f"{mountpoint}: a mount whose daemon died is still there; run `stfs unmount {mountpoint}`"
         )
@@ -122,11 +122,12 @@ def check_mountpoint(mountpoint: str) -> None:
         raise errors.MountError(f"{mountpoint}: something is already mounted there")
 
 
-def _is_dead_mount(mountpoint: str) -> bool:
+def is_dead_mount(mountpoint: str) -> bool:
+    """Whether a FUSE mount at ``mountpoint`` lost its daemon ("Transport endpoint is not connected")."""
     try:
         os.statvfs(mountpoint)  # stat() may be answered from the kernel's attribute cache; statfs never is
     except OSError as exc:
-        return exc.errno == 107  # ENOTCONN: "Transport endpoint is not connected"
+        return exc.errno == errno.ENOTCONN
     return False
 
 
@@ -286,7 +287,7 @@ def _unescape_mountinfo(text: str) -> str:
 def unmount(mountpoint: str, lazy: bool = False) -> None:
     """Unmount MOUNTPOINT, including a mount whose daemon died; raise ``MountError`` with advice if busy."""
     mountpoint = os.path.abspath(mountpoint)
-    if not os.path.ismount(mountpoint) and not _is_dead_mount(mountpoint):
+    if not os.path.ismount(mountpoint) and not is_dead_mount(mountpoint):
         raise errors.MountError(f"{mountpoint}: not mounted")
     command = [_fusermount(), "-u", *(["-z"] if lazy else []), mountpoint]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -333,7 +334,7 @@ def mounted(source: str, mountpoint: str, layout: str = "nested", options: list[
                 time.sleep(0.1)
             yield os.path.abspath(mountpoint)
         finally:
-            if os.path.ismount(mountpoint) or _is_dead_mount(mountpoint):
+            if os.path.ismount(mountpoint) or is_dead_mount(mountpoint):
                 with contextlib.suppress(errors.MountError):
                     unmount(mountpoint)
                 if os.path.ismount(mountpoint):

@@ -1,6 +1,6 @@
 """Errors of stfs.
 
-One ``FormatError`` subclass per validation rule of SPEC §4, named like the
+One ``FormatError`` subclass per validation rule (README.md, "Validation"), named like the
 safetensors reference (``tensor.rs``) names its errors, so a message says
 which file, which tensor and which rule.
 """
@@ -17,7 +17,7 @@ class StfsError(Exception):
 
 
 class FormatError(StfsError):
-    """A safetensors file breaks a rule of SPEC §4."""
+    """A safetensors file breaks a validation rule; ``rule`` is its number."""
 
     rule = 0
     title = "invalid safetensors file"
@@ -31,42 +31,62 @@ class FormatError(StfsError):
 
 
 class HeaderTooSmall(FormatError):
+    """The file is shorter than the 8-byte header length."""
+
     rule = 1
 
 
 class HeaderTooLarge(FormatError):
+    """The header length exceeds 100,000,000 bytes."""
+
     rule = 2
 
 
 class InvalidHeaderLength(FormatError):
+    """The header runs past the end of the file."""
+
     rule = 3
 
 
 class InvalidHeaderStart(FormatError):
+    """The header does not begin with ``{``."""
+
     rule = 4
 
 
 class InvalidHeaderUtf8(FormatError):
+    """The header is not UTF-8."""
+
     rule = 4
 
 
 class InvalidHeaderDeserialization(FormatError):
+    """The header is not valid JSON, or repeats a key."""
+
     rule = 5
 
 
 class InvalidMetadata(FormatError):
+    """``__metadata__`` is not a flat string-to-string map."""
+
     rule = 6
 
 
-class InvalidTensorInfo(FormatError):
+class MalformedTensorInfo(FormatError):
+    """A tensor's info lacks a known ``dtype``, a ``shape`` of integers or two ``data_offsets``."""
+
     rule = 7
 
 
 class MisalignedSlice(FormatError):
+    """Element count x dtype bits is not a whole number of bytes."""
+
     rule = 8
 
 
 class TensorInvalidInfo(FormatError):
+    """A tensor's ``data_offsets`` span a different size than its dtype and shape need."""
+
     rule = 9
 
 
@@ -79,10 +99,14 @@ class ValidationOverflow(FormatError):
 
 
 class InvalidOffset(FormatError):
+    """Sorted by offset, the tensors leave a gap or overlap."""
+
     rule = 10
 
 
 class MetadataIncompleteBuffer(FormatError):
+    """The tensors do not end where the data section ends."""
+
     rule = 11
 
 
@@ -99,19 +123,32 @@ class ShardError(StfsError):
 
 
 class InvalidIndex(ShardError):
-    pass
+    """The index is not a JSON object with a ``weight_map`` of tensor name -> shard file inside its folder."""
 
 
 class MissingShard(ShardError):
-    pass
+    """A shard the ``weight_map`` names does not exist."""
 
 
 class TensorNotInShard(ShardError):
-    pass
+    """A tensor the ``weight_map`` names is not in the shard it names."""
 
 
 class DuplicateTensor(ShardError):
-    pass
+    """One tensor name is in two shards."""
+
+
+class InvalidModel(StfsError):
+    """Several problems in one model; ``problems`` holds one error per problem."""
+
+    def __init__(self, problems: list[StfsError]) -> None:
+        self.problems = problems
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(f"{problems[0]}{more}")
+
+
+class TreeError(StfsError):
+    """Two things of a multi-model mount want one path."""
 
 
 class MountError(StfsError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import struct
@@ -64,10 +65,7 @@ class TensorEntry:
 
     @property
     def parameters(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,21 +350,21 @@ def _is_u64(value: Any) -> bool:
 def _check_tensor(name: str, info: Any, path: str, shapes: dict[tuple[int, ...], tuple[int, ...]]) -> TensorEntry:
     """Rules 7-9 for one tensor (and rule 10's begin <= end); ``shapes`` shares equal shape tuples."""
     if not isinstance(info, dict):
-        raise errors.InvalidTensorInfo(path, "tensor info is not a JSON object", name)
+        raise errors.MalformedTensorInfo(path, "tensor info is not a JSON object", name)
     dtype = info.get("dtype")
     if type(dtype) is not str or dtype not in DTYPE_BITS:
-        raise errors.InvalidTensorInfo(path, f"unknown dtype {_short(dtype)}", name)
+        raise errors.MalformedTensorInfo(path, f"unknown dtype {_short(dtype)}", name)
     shape = info.get("shape")
     if type(shape) is not list:
-        raise errors.InvalidTensorInfo(path, f"shape {_short(shape)} is not a list of non-negative integers", name)
+        raise errors.MalformedTensorInfo(path, f"shape {_short(shape)} is not a list of non-negative integers", name)
     for dim in shape:
         if type(dim) is not int or not 0 <= dim <= U64_MAX:
-            raise errors.InvalidTensorInfo(
+            raise errors.MalformedTensorInfo(
                 path, f"shape {_short(shape)} is not a list of non-negative integers", name
             )
     offsets = info.get("data_offsets")
     if type(offsets) is not list or len(offsets) != 2 or not (_is_u64(offsets[0]) and _is_u64(offsets[1])):
-        raise errors.InvalidTensorInfo(
+        raise errors.MalformedTensorInfo(
             path, f"data_offsets {_short(offsets)} is not two non-negative integers", name
         )
     begin, end = offsets

@@ -7,6 +7,7 @@ or many files); nothing here knows about paths in the mounted tree.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -34,10 +35,7 @@ class Tensor:
 
     @property
     def parameters(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +81,6 @@ class Model:
     @property
     def data_size(self) -> int:
         return sum(entry.size for shard in self.shards for entry in shard.header.tensors)
-
-
-class InvalidModel(errors.StfsError):
-    """Several problems in one model; ``problems`` holds one error per problem."""
-
-    def __init__(self, problems: list[errors.StfsError]) -> None:
-        self.problems = problems
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(f"{problems[0]}{more}")
 
 
 def discover(source: str) -> list[ModelSource]:
@@ -245,7 +234,7 @@ def _load_sharded(source: ModelSource) -> Model:
         except errors.StfsError as exc:
             problems.append(exc)
     if problems:
-        raise InvalidModel(problems)
+        raise errors.InvalidModel(problems)
 
     warnings: list[str] = []
     owner: dict[str, str] = {}
@@ -270,7 +259,7 @@ def _load_sharded(source: ModelSource) -> Model:
                 f"{index}: tensor {name!r} is mapped to shard {shard_name!r}, which lacks it{where}"
             ))
     if problems:
-        raise InvalidModel(problems)
+        raise errors.InvalidModel(problems)
 
     declared = document.get("metadata", {}).get("total_size") if isinstance(document.get("metadata"), dict) else None
     if declared is not None and declared != total:

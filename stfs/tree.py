@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from sys import intern
 
+from .errors import TreeError
 from .format import TensorEntry
 from .model import Model, merged_header
 
@@ -131,10 +132,6 @@ def _plain(name: str) -> bool:
 def join_path(components: Iterable[str]) -> str:
     """The tensor name a nested path stands for (inverse of ``split_name``)."""
     return ".".join(unescape_component(c) for c in components)
-
-
-class TreeError(Exception):
-    """Two things of a multi-model mount want one path."""
 
 
 class Tree:

@@ -1,20 +1,14 @@
+"""Fixtures: FUSE availability, and a ``mount`` that undoes every mount at teardown."""
+
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from stfs.daemon import mounted
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def fuse_available() -> bool:
-    return os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
+from tests.helpers import IN_CI, MountFn, fuse_available
 
 
 @pytest.fixture
@@ -24,9 +18,6 @@ def require_fuse() -> None:
         if IN_CI:
             pytest.fail("/dev/fuse or fusermount3 is missing in CI")
         pytest.skip("FUSE is not available here")
-
-
-MountFn = Callable[..., str]
 
 
 @pytest.fixture
@@ -39,11 +30,3 @@ def mount(tmp_path_factory: pytest.TempPathFactory, require_fuse: None) -> Itera
             return stack.enter_context(mounted(source, mountpoint, layout=layout, options=options))
 
         yield do_mount
-
-
-def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
-    """Run a real tool with a timeout; output as text unless ``text=False``."""
-    kwargs.setdefault("capture_output", True)
-    kwargs.setdefault("text", True)
-    kwargs.setdefault("timeout", 60)
-    return subprocess.run(command, **kwargs)  # type: ignore[call-overload]

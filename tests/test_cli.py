@@ -14,8 +14,8 @@ import pytest
 
 import stfs
 from stfs.cli import main
-from tests.conftest import run
-from tests.fixtures import rich_arrays, sharded_arrays, write_header, write_numpy, write_raw, write_sharded
+from tests.helpers import run
+from tests.models import rich_arrays, sharded_arrays, write_header, write_numpy, write_raw, write_sharded
 
 COMMANDS = ["mount", "unmount", "info", "check"]
 
@@ -170,7 +170,7 @@ def test_info_error_is_one_line_on_stderr(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stdout == ""
     [line] = lines(result.stderr)
-    assert line.startswith(f"stfs: {path}: tensor 'layers.0.bad': rule 7 (InvalidTensorInfo)")
+    assert line.startswith(f"stfs: {path}: tensor 'layers.0.bad': rule 7 (MalformedTensorInfo)")
 
 
 def test_info_error_of_a_sharded_set_is_one_line(tmp_path: Path) -> None:
@@ -387,9 +387,9 @@ def test_main_debug_raises(tmp_path: Path) -> None:
     bad = broken_file(tmp_path)
     from stfs import errors
 
-    with pytest.raises(errors.InvalidTensorInfo):
+    with pytest.raises(errors.MalformedTensorInfo):
         main(["--debug", "info", bad])
-    with pytest.raises(errors.InvalidTensorInfo):
+    with pytest.raises(errors.MalformedTensorInfo):
         main(["info", bad, "--debug"])
 
 

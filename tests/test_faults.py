@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from stfs.daemon import daemon_pid
+from stfs.daemon import daemon_pid, is_dead_mount
 from stfs.format import read_header
 from stfs.source import Expectation, LocalFiles, SourceChanged
-from tests.conftest import MountFn
-from tests.fixtures import sharded_arrays, write_numpy, write_sharded
+from tests.helpers import MountFn
+from tests.models import sharded_arrays, write_numpy, write_sharded
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -343,14 +343,6 @@ def wait_gone(pid: int) -> bool:
     return not _alive(pid)
 
 
-def _is_dead_mount(path: str) -> bool:
-    try:
-        os.stat(path)
-    except OSError as exc:
-        return exc.errno == errno.ENOTCONN
-    return False
-
-
 @contextlib.contextmanager
 def background_mount(source: str, mountpoint: str, *options: str) -> Iterator[int]:
     """``stfs mount`` (the forking daemon) for the block; yields the daemon's PID; always unmounts after it."""
@@ -371,7 +363,7 @@ def background_mount(source: str, mountpoint: str, *options: str) -> Iterator[in
 
 def unmount_for_good(mountpoint: str) -> None:
     for lazy in ([], ["--lazy"]):
-        if os.path.ismount(mountpoint) or _is_dead_mount(mountpoint):
+        if os.path.ismount(mountpoint) or is_dead_mount(mountpoint):
             subprocess.run([sys.executable, "-m", "stfs", "unmount", *lazy, mountpoint], capture_output=True,
                            timeout=60)
 
@@ -445,7 +437,7 @@ def test_sigkill_during_reads_fails_readers_and_unmount_recovers(big_model: str,
         words = _finish_readers(readers)
         assert words == ["error ENOTCONN"] * 4
         assert wait_gone(pid)
-        assert _is_dead_mount(mountpoint)
+        assert is_dead_mount(mountpoint)
         # a mount on a dead endpoint is refused with advice
         again = subprocess.run([sys.executable, "-m", "stfs", "mount", big_model, mountpoint], capture_output=True,
                                text=True, timeout=60)
@@ -453,7 +445,7 @@ def test_sigkill_during_reads_fails_readers_and_unmount_recovers(big_model: str,
         result = subprocess.run([sys.executable, "-m", "stfs", "unmount", mountpoint], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0, result.stderr
-        assert not os.path.ismount(mountpoint) and not _is_dead_mount(mountpoint)
+        assert not os.path.ismount(mountpoint) and not is_dead_mount(mountpoint)
     _remount_works(big_model, mountpoint)
 
 
@@ -468,7 +460,7 @@ def test_sigterm_during_reads_unmounts_cleanly(big_model: str, tmp_path: os.Path
         words = _finish_readers(readers)
         assert "hung" not in words
         assert all(word.startswith("error") for word in words), words
-        assert not os.path.ismount(mountpoint) and not _is_dead_mount(mountpoint)
+        assert not os.path.ismount(mountpoint) and not is_dead_mount(mountpoint)
     _remount_works(big_model, mountpoint)
 
 

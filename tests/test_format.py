@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 
 from stfs import errors
 from stfs.format import DTYPE_BITS, MAX_HEADER_LENGTH, U64_MAX, Header, read_header
-from tests.fixtures import RAW_DTYPES, rich_arrays, tensor_bytes, write_header, write_numpy, write_raw
+from tests.models import RAW_DTYPES, rich_arrays, tensor_bytes, write_header, write_numpy, write_raw
 
 NUMPY_DTYPES = {
     np.dtype(np.float32): "F32",
@@ -204,35 +204,35 @@ def test_null_metadata_is_no_metadata(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dtype", ["F128", "bf16", "f32", "", " F32", "FLOAT", "F8", "F6", "Q4_0", None, 32, ["F32"]])
 def test_rule7_unknown_dtype(tmp_path: Path, dtype: Any) -> None:
-    refused(broken(tmp_path, {"w": tensor(dtype, [1], 0, 4)}, data=b"\0" * 4), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, {"w": tensor(dtype, [1], 0, 4)}, data=b"\0" * 4), errors.MalformedTensorInfo, 7, "w")
 
 
 def test_rule7_missing_dtype(tmp_path: Path) -> None:
     header = {"w": {"shape": [1], "data_offsets": [0, 4]}}
-    refused(broken(tmp_path, header, data=b"\0" * 4), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, header, data=b"\0" * 4), errors.MalformedTensorInfo, 7, "w")
 
 
 @pytest.mark.parametrize(
     "shape", [[-1], [2, -3], [1.0], [2.5], [True], [False, 1], ["2"], [None], [[1]], 4, "4", {"0": 4}, None, -0.0],
 )
 def test_rule7_bad_shape(tmp_path: Path, shape: Any) -> None:
-    refused(broken(tmp_path, {"w": tensor("U8", shape, 0, 4)}, data=b"\0" * 4), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, {"w": tensor("U8", shape, 0, 4)}, data=b"\0" * 4), errors.MalformedTensorInfo, 7, "w")
 
 
 def test_rule7_negative_zero_is_not_an_integer(tmp_path: Path) -> None:
     # serde_json reads -0 as a float, which the reference refuses as a usize.
     raw = b'{"w":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}'
-    refused(broken(tmp_path, raw=raw), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, raw=raw), errors.MalformedTensorInfo, 7, "w")
 
 
 def test_rule7_dimension_beyond_64_bits(tmp_path: Path) -> None:
-    refused(broken(tmp_path, {"w": tensor("U8", [2**64], 0, 0)}), errors.InvalidTensorInfo, 7, "w")
-    refused(broken(tmp_path, {"w": tensor("U8", [10**30], 0, 0)}), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, {"w": tensor("U8", [2**64], 0, 0)}), errors.MalformedTensorInfo, 7, "w")
+    refused(broken(tmp_path, {"w": tensor("U8", [10**30], 0, 0)}), errors.MalformedTensorInfo, 7, "w")
 
 
 def test_rule7_missing_shape(tmp_path: Path) -> None:
     header = {"w": {"dtype": "U8", "data_offsets": [0, 1]}}
-    refused(broken(tmp_path, header, data=b"x"), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, header, data=b"x"), errors.MalformedTensorInfo, 7, "w")
 
 
 @pytest.mark.parametrize(
@@ -241,17 +241,17 @@ def test_rule7_missing_shape(tmp_path: Path) -> None:
 )
 def test_rule7_bad_data_offsets(tmp_path: Path, offsets: Any) -> None:
     header = {"w": {"dtype": "U8", "shape": [1], "data_offsets": offsets}}
-    refused(broken(tmp_path, header, data=b"x"), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, header, data=b"x"), errors.MalformedTensorInfo, 7, "w")
 
 
 @pytest.mark.parametrize("info", [[], "U8", 1, None, True])
 def test_rule7_tensor_info_not_an_object(tmp_path: Path, info: Any) -> None:
-    refused(broken(tmp_path, {"w": info}), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, {"w": info}), errors.MalformedTensorInfo, 7, "w")
 
 
 def test_rule7_names_the_broken_tensor_not_its_neighbour(tmp_path: Path) -> None:
     header = {"good": tensor("U8", [1], 0, 1), "bad": tensor("U8", [-1], 1, 2)}
-    refused(broken(tmp_path, header, data=b"xy"), errors.InvalidTensorInfo, 7, "bad")
+    refused(broken(tmp_path, header, data=b"xy"), errors.MalformedTensorInfo, 7, "bad")
 
 
 def test_other_members_are_ignored(tmp_path: Path) -> None:
@@ -621,7 +621,7 @@ def test_shape_of_millions_of_ones(tmp_path: Path) -> None:
 def test_huge_integer_literals(tmp_path: Path) -> None:
     digits = b"9" * 1_000_000
     raw = b'{"w":{"dtype":"U8","shape":[' + digits + b'],"data_offsets":[0,1]}}'
-    refused(broken(tmp_path, raw=raw, data=b"x"), errors.InvalidTensorInfo, 7, "w")
+    refused(broken(tmp_path, raw=raw, data=b"x"), errors.MalformedTensorInfo, 7, "w")
     raw = b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":' + digits + b"}}"
     assert read_header(broken(tmp_path, raw=raw, data=b"x")).tensors[0].size == 1
 

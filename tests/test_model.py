@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from stfs import errors
-from stfs.model import InvalidModel, Model, ModelSource, discover, load, merged_header, resolve
-from tests.fixtures import rich_arrays, sharded_arrays, tensor_bytes, write_header, write_numpy, write_sharded
+from stfs.errors import InvalidModel
+from stfs.model import Model, ModelSource, discover, load, merged_header, resolve
+from tests.models import rich_arrays, sharded_arrays, tensor_bytes, write_header, write_numpy, write_sharded
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"

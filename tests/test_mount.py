@@ -21,8 +21,9 @@ import pytest
 
 from stfs.daemon import daemon_pid, mounted
 from stfs.tree import split_name
-from tests.conftest import run
-from tests.fixtures import (
+from tests.helpers import run
+from tests.models import (
+    WEIRD_NAMES,
     rich_arrays,
     sharded_arrays,
     tensor_bytes,
@@ -31,7 +32,6 @@ from tests.fixtures import (
     write_raw,
     write_sharded,
 )
-from tests.test_tree import WEIRD_NAMES
 
 pytestmark = pytest.mark.timeout(120)
 

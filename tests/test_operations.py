@@ -13,7 +13,7 @@ from stfs.fs import StfsOperations
 from stfs.model import resolve
 from stfs.source import Expectation, LocalFiles, SourceChanged
 from stfs.tree import build_tree
-from tests.fixtures import rich_arrays, tensor_bytes, write_numpy
+from tests.models import rich_arrays, tensor_bytes, write_numpy
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from stfs.daemon import mounted
-from tests.conftest import run
-from tests.fixtures import tensor_bytes, write_numpy, write_sharded
+from tests.helpers import run
+from tests.models import tensor_bytes, write_numpy, write_sharded
 
 pytestmark = pytest.mark.timeout(120)
 

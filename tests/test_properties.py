@@ -17,7 +17,7 @@ from stfs import errors
 from stfs.format import DTYPE_BITS, Header, read_header
 from stfs.info import render_json, render_table, summarize
 from stfs.model import Model, merged_header, resolve
-from tests.fixtures import sharded_arrays, write_header, write_numpy, write_sharded
+from tests.models import sharded_arrays, write_header, write_numpy, write_sharded
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -11,8 +11,8 @@ import pytest
 
 from stfs.daemon import daemon_pid
 from stfs.source import DEFAULT_MAX_OPEN_FILES
-from tests.conftest import MountFn
-from tests.fixtures import tensor_bytes
+from tests.helpers import MountFn
+from tests.models import tensor_bytes
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,27 +16,7 @@ from stfs.tree import (
     split_name,
     unescape_component,
 )
-from tests.fixtures import write_numpy
-
-WEIRD_NAMES = [
-    "plain",
-    "a.b",
-    "a.b.c",  # a.b is also a prefix of a.b.c
-    "a.b.c.d",
-    "x/y",
-    "100%",
-    "%2F",
-    "nul\x00byte",
-    "a..b",
-    ".hidden",
-    "trailing.",
-    ".",
-    "..",
-    "...",
-    "",
-    "a.%",
-    "unicodé.名前",
-]
+from tests.models import WEIRD_NAMES, write_numpy
 
 
 @pytest.mark.parametrize("name", WEIRD_NAMES)

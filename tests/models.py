@@ -120,3 +120,25 @@ def tensor_bytes(path: str, name: str) -> bytes:
         begin, end = header[name]["data_offsets"]
         stream.seek(8 + length + begin)
         return stream.read(end - begin)
+
+
+# Tensor names that stress the path rules: dots, escapes, prefixes of each other, the empty name.
+WEIRD_NAMES = [
+    "plain",
+    "a.b",
+    "a.b.c",  # a.b is also a prefix of a.b.c
+    "a.b.c.d",
+    "x/y",
+    "100%",
+    "%2F",
+    "nul\x00byte",
+    "a..b",
+    ".hidden",
+    "trailing.",
+    ".",
+    "..",
+    "...",
+    "",
+    "a.%",
+    "unicodé.名前",
+]
