@@ -38,10 +38,10 @@ import types
 import atheris
 
 if {"--replay", "--line-coverage"} & set(sys.argv):  # plain bytecode, so line tracing sees the source as written
-    from stfs import errors, format, model, tree
+    from stfs import errors, format, model, tree, views
 else:
     with atheris.instrument_imports(include=["stfs"]):
-        from stfs import errors, format, model, tree
+        from stfs import errors, format, model, tree, views
 
 DTYPES = list(format.DTYPE_BITS)
 ODD_NAMES = [
@@ -207,8 +207,8 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
     layout = fdp.PickValueInList(["nested", "flat"])
     if fdp.ConsumeBool():
         loaded = model.load(model.ModelSource(name="", path=index_path))
-        model.merged_header(loaded)
-        tree.build_tree([loaded], layout)
+        views.merged_header(loaded)
+        views.build_tree([loaded], layout)
     else:  # the folder as a SOURCE: discovery, stray shards as models of their own, one folder per model
         if fdp.ConsumeBool():
             stray = os.path.join(folder, fdp.PickValueInList(["b.safetensors", "sub/c.safetensors", "x.index.json"]))
@@ -218,8 +218,8 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
         models = model.resolve(folder)
         for loaded in models:
             if loaded.is_sharded:
-                model.merged_header(loaded)
-        tree.build_tree(models, layout)
+                views.merged_header(loaded)
+        views.build_tree(models, layout)
 
 
 def one_input(data: bytes, scratch: str) -> None:
@@ -238,7 +238,7 @@ def one_input(data: bytes, scratch: str) -> None:
             raw, size = _built_header(fdp)
             header = format.parse_header(raw, path=path, file_size=8 + len(raw) + size)
             _write_safetensors(path, raw, size)
-            tree.build_tree(model.resolve(path), fdp.PickValueInList(["nested", "flat"]))
+            views.build_tree(model.resolve(path), fdp.PickValueInList(["nested", "flat"]))
             assert header.tensors is not None
         elif mode == 3:
             raw = _nested(fdp)
@@ -307,7 +307,7 @@ def line_coverage(corpora: list[str], scratch: str) -> None:
             raised[key] = raised.get(key, 0) + 1
     counts = tracer.results().counts
     print(f"{len(inputs)} inputs replayed; raised other than StfsError: {raised or 'none'}")
-    for module in (format, model, tree):
+    for module in (format, model, tree, views):
         filename = module.__file__
         assert filename is not None
         executable = _body_lines(filename)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from . import __version__, errors
 from .model import discover, load
-from .source import DEFAULT_MAX_OPEN_FILES
+from .sources import DEFAULT_MAX_OPEN_FILES
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 

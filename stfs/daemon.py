@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 from . import errors
 from .model import Model, resolve
-from .source import DEFAULT_MAX_OPEN_FILES, Expectation, LocalFiles
-from .tree import Tree, build_tree
+from .sources import DEFAULT_MAX_OPEN_FILES, Expectation, LocalFiles
+from .tree import Tree
+from .views import build_tree
 
 log = logging.getLogger("stfs")
 
@@ -103,7 +104,7 @@ def _fsname(source: str) -> str:
 
 def _expectations(models: list[Model]) -> dict[str, Expectation]:
     return {
-        shard.header.path: Expectation(header_length=shard.header.header_length, digest=shard.header.digest)
+        shard.header.path: Expectation.of(shard.header)
         for model in models
         for shard in model.shards
     }
@@ -145,7 +146,8 @@ def run_foreground(plan: MountPlan, debug: bool = False) -> None:
 
 def _serve(plan: MountPlan, then: Callable[[], None], debug: bool = False) -> None:
     """Serve ``plan`` until unmounted; ``then`` runs once the mount answers, readahead tuned."""
-    from .fs import StfsOperations, request_size, serve  # libfuse is loaded only by the commands that mount
+    from ._libfuse import request_size, serve  # libfuse is loaded only by the commands that mount
+    from .fs import StfsOperations
 
     options = dict(plan.options)
     # The largest read request whose reply can be spliced here; the kernel asks for no more than max_read.

@@ -67,6 +67,7 @@ class Model:
     metadata: Mapping[str, str]
     shards: tuple[Shard, ...]
     index_path: str | None = None
+    index_bytes: bytes | None = None  # the index file as read when validated
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -81,6 +82,11 @@ class Model:
     @property
     def data_size(self) -> int:
         return sum(entry.size for shard in self.shards for entry in shard.header.tensors)
+
+    @property
+    def mtime_ns(self) -> int:
+        """The newest of its shards' modification times."""
+        return max(shard.header.mtime_ns for shard in self.shards)
 
 
 def discover(source: str) -> list[ModelSource]:
@@ -164,7 +170,8 @@ def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
         )
 
 
-def _read_index(index: str) -> dict:
+def _read_index(index: str) -> tuple[dict, bytes]:
+    """The index's JSON object and its bytes."""
     try:
         with open(index, "rb") as stream:
             raw = stream.read(MAX_INDEX_LENGTH + 1)
@@ -179,11 +186,11 @@ def _read_index(index: str) -> dict:
         raise errors.InvalidIndex(f"{index}: index is not valid JSON: {detail}") from None
     if not isinstance(document, dict):
         raise errors.InvalidIndex(f"{index}: index is not a JSON object")
-    return document
+    return document, raw
 
 
 def _read_weight_map(index: str, document: dict | None = None) -> dict[str, str]:
-    weight_map = (_read_index(index) if document is None else document).get("weight_map")
+    weight_map = (_read_index(index)[0] if document is None else document).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise errors.InvalidIndex(f"{index}: index has no weight_map of tensor name -> shard file")
     if not weight_map:
@@ -214,7 +221,7 @@ def _shard_path(index: str, shard: str) -> str:
 
 def _load_sharded(source: ModelSource) -> Model:
     index = source.path
-    document = _read_index(index)
+    document, raw = _read_index(index)
     weight_map = _read_weight_map(index, document)
     problems: list[errors.StfsError] = []
     shards: list[Shard] = []
@@ -275,23 +282,6 @@ def _load_sharded(source: ModelSource) -> Model:
         metadata=metadata,
         shards=tuple(shards),
         index_path=index,
+        index_bytes=raw,
         warnings=tuple(warnings),
     )
-
-
-def merged_header(model: Model) -> bytes:
-    """A sharded set's header.json: one object in the safetensors schema plus a ``file`` per tensor (SPEC §2)."""
-    document: dict[str, object] = {}
-    if model.metadata:
-        document["__metadata__"] = dict(model.metadata)
-    for shard in model.shards:
-        for entry in shard.header.tensors:
-            if entry.name in document:
-                continue
-            document[entry.name] = {
-                "dtype": entry.dtype,
-                "shape": list(entry.shape),
-                "data_offsets": [entry.begin, entry.end],
-                "file": shard.name,
-            }
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

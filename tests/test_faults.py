@@ -26,7 +26,7 @@ import pytest
 
 from stfs.daemon import daemon_pid, is_dead_mount
 from stfs.format import read_header
-from stfs.source import Expectation, LocalFiles, SourceChanged
+from stfs.sources import Expectation, LocalFiles, SourceChanged
 from tests.helpers import MountFn
 from tests.models import sharded_arrays, write_numpy, write_sharded
 
@@ -276,7 +276,7 @@ def test_a_shard_never_opened_before_deletion_gives_eio(mount: MountFn, tmp_path
 
 def _local_files(path: str) -> tuple[LocalFiles, int]:
     header = read_header(path)
-    return LocalFiles({path: Expectation(header.header_length, header.digest)}), header.data_start
+    return LocalFiles({path: Expectation.of(header)}), header.data_start
 
 
 def test_a_rewrite_landing_during_a_read_fails_that_read(tmp_path: os.PathLike,

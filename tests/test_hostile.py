@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from stfs import errors, format, model, tree
+from stfs import errors, format, model, tree, views
 from tests.helpers import MountFn, run
 from tests.models import tensor_bytes, write_header, write_numpy
 
@@ -36,8 +36,8 @@ def _load_and_build(path: str) -> None:
     for source in model.discover(path):
         loaded = model.load(source)
         if loaded.is_sharded:
-            model.merged_header(loaded)
-        tree.build_tree([loaded])
+            views.merged_header(loaded)
+        views.build_tree([loaded])
 
 
 def test_index_with_an_empty_weight_map_is_not_a_traceback(tmp_path: os.PathLike) -> None:
@@ -142,7 +142,7 @@ def test_hostile_headers_give_format_errors_only(tmp_path: os.PathLike, raw: byt
         header = format.read_header(path)
     except errors.StfsError:
         return
-    tree.build_tree(model.resolve(path))
+    views.build_tree(model.resolve(path))
     assert all(entry.end >= entry.begin for entry in header.tensors)
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from stfs import errors
 from stfs.errors import InvalidModel
-from stfs.model import Model, ModelSource, discover, load, merged_header, resolve
+from stfs.model import Model, ModelSource, discover, load, resolve
+from stfs.views import merged_header
 from tests.models import rich_arrays, sharded_arrays, tensor_bytes, write_header, write_numpy, write_sharded
 
 SHARD1 = "model-00001-of-00002.safetensors"

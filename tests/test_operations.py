@@ -11,8 +11,8 @@ from mfusepy import FuseOSError
 
 from stfs.fs import StfsOperations
 from stfs.model import resolve
-from stfs.source import Expectation, LocalFiles, SourceChanged
-from stfs.tree import build_tree
+from stfs.sources import Expectation, LocalFiles, SourceChanged
+from stfs.views import build_tree
 from tests.models import rich_arrays, tensor_bytes, write_numpy
 
 
@@ -23,7 +23,7 @@ def rich(tmp_path) -> str:  # noqa: ANN001
 
 def operations_for(source: str) -> StfsOperations:
     models = resolve(source)
-    expected = {s.header.path: Expectation(s.header.header_length, s.header.digest) for m in models for s in m.shards}
+    expected = {s.header.path: Expectation.of(s.header) for m in models for s in m.shards}
     return StfsOperations(build_tree(models), LocalFiles(expected))
 
 
@@ -42,7 +42,7 @@ def test_read_is_exact_and_clamped(rich: str) -> None:
     assert ops.read(path, 10, len(expected) - 4, fh) == expected[-4:]
     assert ops.read(path, 10, len(expected) + 100, fh) == b""
     buffer = bytearray(16)
-    assert ops.read_into(None, memoryview(buffer), 8, fh) == 16 and bytes(buffer) == expected[8:24]
+    assert ops.fill(ops.file(None, fh), memoryview(buffer), 8) == 16 and bytes(buffer) == expected[8:24]
 
 
 def test_attributes(rich: str) -> None:

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from stfs import errors
 from stfs.format import DTYPE_BITS, Header, read_header
 from stfs.info import render_json, render_table, summarize
-from stfs.model import Model, merged_header, resolve
+from stfs.model import Model, resolve
+from stfs.views import merged_header
 from tests.models import sharded_arrays, write_header, write_numpy, write_sharded
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

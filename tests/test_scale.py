@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from stfs.daemon import daemon_pid
-from stfs.source import DEFAULT_MAX_OPEN_FILES
+from stfs.sources import DEFAULT_MAX_OPEN_FILES
 from tests.helpers import MountFn
 from tests.models import tensor_bytes
 

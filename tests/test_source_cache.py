@@ -12,7 +12,7 @@ import termios
 
 import pytest
 
-from stfs.source import LocalFiles
+from stfs.sources import LocalFiles
 
 MIB = 1 << 20
 SIZE = 48 * MIB

@@ -6,16 +6,9 @@ import numpy as np
 import pytest
 
 from stfs.model import ModelSource, load
-from stfs.tree import (
-    NAME_MAX,
-    DirNode,
-    FileNode,
-    build_tree,
-    escape_component,
-    join_path,
-    split_name,
-    unescape_component,
-)
+from stfs.nodes import DirNode, FileNode, tensor_xattrs
+from stfs.tree import NAME_MAX, escape_component, join_path, split_name, unescape_component
+from stfs.views import build_tree
 from tests.models import WEIRD_NAMES, write_numpy
 
 
@@ -71,7 +64,7 @@ def test_every_weird_tensor_has_exactly_one_path(tmp_path, layout: str) -> None:
     found: dict[str, list[str]] = {}
     for node_path, node in tree.walk():
         if isinstance(node, FileNode) and node_path.startswith("/tensors/"):
-            name = node.xattrs["user.safetensors.name"].decode()
+            name = tensor_xattrs(node)["user.safetensors.name"].decode()
             found.setdefault(name, []).append(node_path)
     assert sorted(found) == sorted(WEIRD_NAMES)
     assert all(len(paths) == 1 for paths in found.values())

@@ -1,9 +1,4 @@
-"""Where tensor bytes come from, behind one small interface.
-
-The tree and the FUSE layer only call ``ByteSource.read_into(file, offset,
-buffer)`` (and, where a source offers it, ``splice_into``); ``LocalFiles``
-serves local files today, and an HTTP or object-store range reader can
-implement the same interface.
+"""Local files as a byte source.
 
 ``LocalFiles`` never maps a source: a source truncated under the mount gives
 a short read (EIO) where a mapping would raise SIGBUS and kill the daemon.
@@ -27,40 +22,26 @@ the *source* directly finds those pages gone and reads them again from disk.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from cachetools import LRUCache
 
-from .format import header_digest
+from ..format import Header, header_digest
+from .base import PAGE, SourceChanged
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_OPEN_FILES = 256
-PAGE = 4096
 DROP_CHUNK = 2 << 20  # drop in 2 MiB-aligned pieces: a page straddling two requests goes too
 DROP_LAG = 2 << 20  # stay this far behind a run's newest byte: its pages may still sit in a pipe
 THREADED_DROP_LAG = 16 << 20  # with a thread pool, requests finish out of order and more are in flight
 MAX_RUNS = 8  # contiguous read runs followed per source file
 SMALL_RUN = 64 << 10  # reads shorter than this that continue no run are not followed (nor dropped)
-
-
-class SourceChanged(OSError):
-    """A source no longer holds the bytes it was mounted with (maps to EIO)."""
-
-
-class ByteSource(Protocol):
-    def read_into(self, file: str, offset: int, buffer: memoryview) -> int:
-        """Fill ``buffer`` with the bytes of ``file`` at ``offset``; return the count, short only at its end."""
-        ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +50,10 @@ class Expectation:
 
     header_length: int
     digest: bytes
+
+    @classmethod
+    def of(cls, header: Header) -> Expectation:
+        return cls(header_length=header.header_length, digest=header.digest)
 
 
 class _OpenFile:
@@ -121,9 +106,9 @@ class LocalFiles:
         self.threaded = threaded
         self._lag = THREADED_DROP_LAG if threaded else DROP_LAG
 
-    def read_into(self, file: str, offset: int, buffer: memoryview | ctypes.Array) -> int:
-        """Fill ``buffer`` (any writable buffer) with the bytes of ``file`` at ``offset``; return its length."""
-        view = memoryview(buffer).cast("B")
+    def read_into(self, file: str, offset: int, buffer: memoryview) -> int:
+        """Fill ``buffer`` with the bytes of ``file`` at ``offset``; return its length."""
+        view = buffer if buffer.format == "B" else buffer.cast("B")
         return self._transfer(file, offset, len(view), lambda fd, done: os.preadv(fd, [view[done:]], offset + done))
 
     def splice_into(self, file: str, offset: int, count: int, pipe: int) -> int:

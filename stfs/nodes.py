@@ -1,0 +1,153 @@
+"""Nodes of the mounted tree. A file is one thing: an ordered tuple of segments.
+
+A segment is either bytes held in memory (``header.json`` of a sharded set, a metadata value, a
+``.npy`` header) or a ``Range`` of a source file (a tensor, a shard's ``header.json``, a whole
+source file). Every file is read by one function, ``read_into``; the FUSE layer splices the
+``Range`` pieces of a read (``pieces``) where its source can. A decoded view (``f32/``) will be a
+third kind of segment: a range with a transform.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Callable
+
+from .format import TensorEntry
+
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+
+
+class Range:
+    """``size`` bytes of the source file ``key`` from its byte ``offset``."""
+
+    __slots__ = ("key", "offset", "size")
+
+    def __init__(self, key: str, offset: int, size: int) -> None:
+        self.key = key
+        self.offset = offset
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"Range({self.key!r}, {self.offset}, {self.size})"
+
+
+Segment = bytes | Range
+Segments = tuple[Segment, ...]
+ReadInto = Callable[[str, int, memoryview], int]  # a ByteSource's read_into(key, offset, buffer)
+
+
+class FileNode:
+    """A file: its bytes are its ``segments`` one after another.
+
+    A tensor's file (and a view of it) keeps its ``TensorEntry``: its extended attributes are made
+    from that when asked for. A plain slotted class: one is made per tensor, and a dataclass
+    would be slower to build.
+    """
+
+    __slots__ = ("inode", "mtime_ns", "size", "segments", "tensor", "view")
+
+    def __init__(self, inode: int, mtime_ns: int, segments: Segments, tensor: TensorEntry | None = None,
+                 view: str | None = None, size: int | None = None) -> None:
+        self.inode = inode
+        self.mtime_ns = mtime_ns
+        self.segments = segments
+        self.size = sum(_length(segment) for segment in segments) if size is None else size
+        self.tensor = tensor
+        self.view = view
+
+    def __repr__(self) -> str:
+        return f"FileNode(inode={self.inode}, size={self.size}, segments={self.segments!r})"
+
+
+class DirNode:
+    """A folder: its entries by (escaped) name, in the order they were made."""
+
+    __slots__ = ("inode", "mtime_ns", "children", "parent")
+
+    def __init__(self, inode: int, mtime_ns: int, parent: DirNode | None = None) -> None:
+        self.inode = inode
+        self.mtime_ns = mtime_ns
+        self.children: dict[str, FileNode | DirNode] = {}
+        self.parent = self if parent is None else parent  # the root is its own parent, as "/.." is "/"
+
+    def __repr__(self) -> str:
+        return f"DirNode(inode={self.inode}, entries={len(self.children)})"
+
+
+Node = FileNode | DirNode
+
+
+def _length(segment: Segment) -> int:
+    return segment.size if isinstance(segment, Range) else len(segment)
+
+
+def clamp(node: FileNode, offset: int, size: int) -> int:
+    """How many of ``size`` bytes from ``offset`` the file holds: reads past its end are short or empty."""
+    count = min(size, node.size - offset)
+    return count if count > 0 else 0
+
+
+def pieces(node: FileNode, offset: int, count: int) -> list[tuple[Segment, int, int]]:
+    """The segments that hold ``count`` bytes of ``node`` from ``offset`` (clamped already):
+    ``(segment, start within it, length)`` in order."""
+    found: list[tuple[Segment, int, int]] = []
+    position = 0
+    end = offset + count
+    for segment in node.segments:
+        length = _length(segment)
+        low, high = max(offset, position), min(end, position + length)
+        if low < high:
+            found.append((segment, low - position, high - low))
+        position += length
+        if position >= end:
+            break
+    return found
+
+
+def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadInto) -> int:
+    """Fill the start of ``view`` (bytes) with ``node``'s bytes from ``offset``; return the count (clamped at its end).
+
+    ``read_source`` reads a ``Range`` (a source's ``read_into``); it may raise ``OSError``.
+    """
+    count = clamp(node, offset, len(view))
+    segments = node.segments
+    segment = segments[0] if len(segments) == 1 else None
+    if isinstance(segment, Range):  # a tensor: the one read a request costs
+        if count < len(view):
+            view = view[:count]
+        return read_source(segment.key, segment.offset + offset, view) if count else 0
+    done = 0
+    for segment, start, length in pieces(node, offset, count):
+        if type(segment) is Range:
+            got = read_source(segment.key, segment.offset + start, view[done : done + length])
+            if got != length:
+                raise OSError(f"{segment.key}: short read at byte {segment.offset + start}")
+        else:
+            view[done : done + length] = segment[start : start + length]  # type: ignore[index]
+        done += length
+    return done
+
+
+def tensor_xattrs(node: FileNode) -> dict[str, bytes]:
+    """The ``user.safetensors.*`` extended attributes of a tensor's file (and ``user.stfs.view`` of a view's)."""
+    tensor = node.tensor
+    source = next((segment for segment in node.segments if type(segment) is Range), None)
+    if tensor is None or source is None:
+        return {}
+    assert isinstance(source, Range)
+    xattrs = {
+        "user.safetensors.name": tensor.name.encode("utf-8", "surrogatepass"),
+        "user.safetensors.dtype": tensor.dtype.encode(),
+        "user.safetensors.shape": json.dumps(list(tensor.shape), separators=(",", ":")).encode(),
+        "user.safetensors.file": source.key.encode("utf-8", "surrogateescape"),
+        "user.safetensors.offset": str(source.offset).encode(),
+    }
+    if node.view is not None:
+        xattrs["user.stfs.view"] = node.view.encode()
+    return xattrs
+
+
+def file_mode(node: Node) -> int:
+    return DIR_MODE if isinstance(node, DirNode) else FILE_MODE

@@ -1,0 +1,106 @@
+"""What a mount shows of each model: functions from a validated ``Model`` to nodes of the ``Tree``.
+
+Each view adds the files of one model below the model's folder ``base``:
+
+* ``header_files``: ``header.json`` and ``metadata/``;
+* ``tensor_files``: ``tensors/``, one file per tensor, a ``Range`` of its source;
+* ``shard_files``: a sharded set's ``index.json`` and ``shards/NAME/``.
+
+A view is a ``View``: ``(tree, model, base, layout) -> None``. Adding one (``npy/``, ``f32/``,
+``files/``) means writing such a function and listing it in ``VIEWS``. No I/O happens here: every
+byte a node holds in memory was read while the model was validated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+
+from .errors import TreeError
+from .model import Model
+from .nodes import FileNode, Range
+from .tree import Tree, escape_component
+
+View = Callable[[Tree, Model, list[str], str], None]
+
+
+def build_tree(models: list[Model], layout: str = "nested", views: tuple[View, ...] | None = None) -> Tree:
+    """The whole mount: one model at the root, or one folder per model at its name."""
+    mtime = max((shard.header.mtime_ns for model in models for shard in model.shards), default=0)
+    tree = Tree(mtime_ns=mtime)
+    for model in models:
+        base = model.name.split("/") if model.name else []
+        tree.folder(base, model.mtime_ns)
+        try:
+            for view in VIEWS if views is None else views:
+                view(tree, model, base, layout)
+        except TreeError as exc:
+            raise TreeError(f"{model.path}: {exc}") from None
+        tree.data_size += model.data_size
+    return tree
+
+
+def header_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
+    """``header.json`` (a sharded set's merged) and ``metadata/``."""
+    mtime = model.mtime_ns
+    if model.is_sharded:
+        tree.add_file([*base, "header.json"], mtime, (merged_header(model),))
+    else:
+        header = model.shards[0].header
+        tree.add_file([*base, "header.json"], mtime, (Range(header.path, 8, header.json_length),))
+    _add_metadata(tree, [*base, "metadata"], model.metadata, mtime)
+
+
+def shard_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
+    """A sharded set's ``index.json`` (byte for byte) and ``shards/NAME/`` (each shard's header and metadata)."""
+    mtime = model.mtime_ns
+    if model.index_bytes is not None:
+        tree.add_file([*base, "index.json"], mtime, (model.index_bytes,))
+        tree.folder([*base, "shards"], mtime)
+        for shard in model.shards:
+            header = shard.header
+            folder = [*base, "shards", escape_component(shard.name)]
+            tree.folder(folder, header.mtime_ns)
+            tree.add_file([*folder, "header.json"], header.mtime_ns, (Range(header.path, 8, header.json_length),))
+            _add_metadata(tree, [*folder, "metadata"], header.metadata, header.mtime_ns)
+
+
+def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
+    """``tensors/``: each tensor's bytes, a ``Range`` of its shard, at the path of its name."""
+
+    def files() -> Iterator[tuple[str, FileNode]]:
+        new_file = tree.new_file
+        for shard in model.shards:
+            header = shard.header
+            key, start, mtime = header.path, header.data_start, header.mtime_ns
+            for entry in header.tensors:
+                yield entry.name, new_file(mtime, (Range(key, start + entry.begin, entry.end - entry.begin),), entry)
+
+    tree.add_named_files(tree.folder([*base, "tensors"], model.mtime_ns), layout, files())
+
+
+VIEWS: tuple[View, ...] = (header_files, tensor_files, shard_files)
+
+
+def _add_metadata(tree: Tree, folder: list[str], metadata: Mapping[str, str], mtime_ns: int) -> None:
+    tree.folder(folder, mtime_ns)
+    for key, value in metadata.items():
+        tree.add_file([*folder, escape_component(key)], mtime_ns, ((value + "\n").encode("utf-8", "surrogatepass"),))
+
+
+def merged_header(model: Model) -> bytes:
+    """A sharded set's header.json: one object in the safetensors schema plus a ``file`` per tensor."""
+    document: dict[str, object] = {}
+    if model.metadata:
+        document["__metadata__"] = dict(model.metadata)
+    for shard in model.shards:
+        for entry in shard.header.tensors:
+            if entry.name in document:
+                continue
+            document[entry.name] = {
+                "dtype": entry.dtype,
+                "shape": list(entry.shape),
+                "data_offsets": [entry.begin, entry.end],
+                "file": shard.name,
+            }
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

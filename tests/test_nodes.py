@@ -1,0 +1,133 @@
+"""Files as segments: bytes in memory and ranges of a source, read by one function and served by a real mount."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stfs.daemon import unmount
+from stfs.nodes import FileNode, Range, clamp, pieces, read_into
+from stfs.sources import LocalFiles
+from tests.helpers import run
+
+SOURCE_SIZE = 400_000
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> str:
+    path = tmp_path / "source.bin"
+    path.write_bytes(random.Random(3).randbytes(SOURCE_SIZE))
+    return str(path)
+
+
+def stitched(source: str) -> tuple[tuple[bytes | Range, ...], bytes]:
+    """Segments that cross page boundaries in every way, and the bytes they stand for."""
+    data = Path(source).read_bytes()
+    segments = (b"<" * 5000, Range(source, 1001, 300_000), b">" * 3, Range(source, 0, 70_000), Range(source, 5, 0),
+                b"end")
+    expected = b"<" * 5000 + data[1001:301_001] + b">" * 3 + data[:70_000] + b"end"
+    return segments, expected
+
+
+def test_pieces_cover_a_read_exactly(source: str) -> None:
+    segments, expected = stitched(source)
+    node = FileNode(1, 0, segments)
+    assert node.size == len(expected)
+    assert pieces(node, 4990, 20) == [(segments[0], 4990, 10), (segments[1], 0, 10)]
+    assert pieces(node, 305_002, 10) == [(segments[2], 2, 1), (segments[3], 0, 9)]
+    assert clamp(node, node.size - 2, 10) == 2 and clamp(node, node.size + 5, 10) == 0
+
+
+def test_read_into_matches_the_bytes_anywhere(source: str) -> None:
+    segments, expected = stitched(source)
+    node = FileNode(1, 0, segments)
+    files = LocalFiles({})
+    rng = random.Random(4)
+    for _ in range(300):
+        offset = rng.randrange(0, node.size + 10)
+        buffer = bytearray(rng.choice([1, 7, 4096, 70_000, 400_000]))
+        count = read_into(node, offset, memoryview(buffer), files.read_into)
+        assert bytes(buffer[:count]) == expected[offset : offset + len(buffer)]
+    files.close()
+
+
+SERVER = textwrap.dedent("""
+    import sys
+    from stfs._libfuse import request_size, serve
+    from stfs.fs import StfsOperations
+    from stfs.model import resolve
+    from stfs.nodes import Range
+    from stfs.sources import LocalFiles
+    from stfs.views import VIEWS, build_tree
+
+    model, source, mountpoint = sys.argv[1:4]
+
+    def stitched(tree, model, base, layout):  # a view: one function from a model to nodes
+        segments = (b"<" * 5000, Range(source, 1001, 300_000), b">" * 3, Range(source, 0, 70_000), Range(source, 5, 0),
+                    b"end")
+        tree.add_file([*base, "stitched"], model.mtime_ns, segments)
+
+    tree = build_tree(resolve(model), views=(*VIEWS, stitched))
+    serve(StfsOperations(tree, LocalFiles({})), mountpoint, foreground=True, ro=True, nothreads=True,
+          max_read=request_size(), use_ino=True)
+""")
+
+
+@pytest.fixture
+def stitched_mount(tmp_path: Path, source: str, require_fuse: None) -> Iterator[str]:
+    """A mount served in a child process whose tree has ``/stitched``: the segments above."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    model = str(tmp_path / "m.safetensors")
+    save_file({"x": np.arange(10, dtype=np.float32)}, model)
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    log = open(tmp_path / "server.log", "w+")  # noqa: SIM115
+    server = subprocess.Popen([sys.executable, "-c", SERVER, model, source, str(mountpoint)], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mountpoint):
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"the server did not mount: {log.read()}")
+            time.sleep(0.1)
+        yield str(mountpoint)
+    finally:
+        if os.path.ismount(mountpoint):
+            unmount(str(mountpoint))
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_mounted_file_of_segments_reads_exactly(stitched_mount: str, source: str, tmp_path: Path) -> None:
+    _, expected = stitched(source)
+    path = os.path.join(stitched_mount, "stitched")
+    assert os.path.getsize(path) == len(expected)
+    reference = tmp_path / "expected.bin"
+    reference.write_bytes(expected)
+    assert run(["cmp", path, str(reference)]).returncode == 0  # whole-file reads: requests spanning segments
+    rng = random.Random(5)
+    for _ in range(200):
+        offset = rng.randrange(0, len(expected) + 100)
+        size = rng.choice([1, 100, 4096, 9000, 65536, 131072, 300_000])
+        fd = os.open(path, os.O_RDONLY)  # without kernel_cache, each open reads the daemon again
+        try:
+            assert os.pread(fd, size, offset) == expected[offset : offset + size], (offset, size)
+        finally:
+            os.close(fd)
+    dd = run(["dd", f"if={path}", "bs=1M", "iflag=skip_bytes", "skip=4000", "status=none"], text=False)
+    assert dd.returncode == 0 and dd.stdout == expected[4000:]
