@@ -233,7 +233,7 @@ def one_input(data: bytes, scratch: str) -> None:
             format.parse_header(rest, path=path, file_size=8 + len(rest) + (data[0] // 5))
         elif mode == 1:
             _write(path, rest)
-            format.read_header(path)
+            model.read_header(path)
         elif mode == 2:
             raw, size = _built_header(fdp)
             header = format.parse_header(raw, path=path, file_size=8 + len(raw) + size)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from . import __version__, errors
 from .model import discover, load
-from .sources import DEFAULT_MAX_OPEN_FILES
+from .sources import DEFAULT_MAX_OPEN_FILES, open_source
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_mount(args: argparse.Namespace) -> int:
     from .daemon import default_log_file, plan_mount, run_background, run_foreground
 
-    plan = plan_mount(args.source, args.mountpoint, args.layout, args.options, args.max_open_files,
-                      threads=args.threads, keep_source_cache=args.keep_source_cache)
+    source, key = open_source(args.source, max_open_files=args.max_open_files, threads=args.threads,
+                              keep_source_cache=args.keep_source_cache)
+    plan = plan_mount(source, key, args.mountpoint, args.layout, args.options, threads=args.threads)
     for warning in plan.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
     if args.foreground:
@@ -94,7 +95,10 @@ def cmd_unmount(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from .info import render_json, render_table, summarize
 
-    models = [load(source) for path in args.sources for source in discover(path)]
+    models = []
+    for text in args.sources:
+        source, key = open_source(text)
+        models += [load(model_source, source) for model_source in discover(key, source)]
     for model in models:
         for warning in model.warnings:
             print(f"stfs: warning: {warning}", file=sys.stderr)
@@ -106,17 +110,18 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     problems = 0
     checked = 0
-    for path in args.sources:
+    for text in args.sources:
+        source, key = open_source(text)
         try:
-            sources = discover(path)
+            model_sources = discover(key, source)
         except errors.StfsError as exc:
             print(exc.message)
             problems += 1
             continue
-        for source in sources:
+        for model_source in model_sources:
             checked += 1
             try:
-                model = load(source)
+                model = load(model_source, source)
             except errors.InvalidModel as exc:
                 for problem in exc.problems:
                     print(problem.message)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from . import errors
-from .model import Model, resolve
-from .sources import DEFAULT_MAX_OPEN_FILES, Expectation, LocalFiles
+from .model import resolve
+from .sources import ByteSource, Expectation, LocalFiles
 from .tree import Tree
 from .views import build_tree
 
@@ -46,7 +46,7 @@ class MountPlan:
     source: str
     mountpoint: str
     tree: Tree
-    files: LocalFiles
+    files: ByteSource
     options: dict[str, object] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -61,14 +61,10 @@ def parse_options(text_options: list[str]) -> dict[str, object]:
     return options
 
 
-def plan_mount(source: str, mountpoint: str, layout: str = "nested", options: list[str] | None = None,
-               max_open_files: int = DEFAULT_MAX_OPEN_FILES, threads: bool = False,
-               keep_source_cache: bool = False) -> MountPlan:
-    """Validate SOURCE and MOUNTPOINT and build the tree; raise ``StfsError`` on any problem.
-
-    ``threads`` serves with libfuse's thread pool instead of one thread; ``keep_source_cache``
-    leaves the source's page cache alone instead of dropping pages once served (source.py).
-    """
+def plan_mount(source: ByteSource, key: str, mountpoint: str, layout: str = "nested",
+               options: list[str] | None = None, threads: bool = False) -> MountPlan:
+    """Validate the models ``key`` names in ``source``, and MOUNTPOINT, and build the tree; raise ``StfsError``
+    on any problem. ``threads`` serves with libfuse's thread pool instead of one thread."""
     mountpoint = os.path.abspath(mountpoint)
     check_mountpoint(mountpoint)
     # Millions of objects and no garbage cycles: the cyclic GC would walk them all again and again
@@ -76,38 +72,29 @@ def plan_mount(source: str, mountpoint: str, layout: str = "nested", options: li
     collecting = gc.isenabled()
     gc.disable()
     try:
-        models = resolve(source)
+        models = resolve(key, source)
         tree = build_tree(models, layout)
     finally:
         if collecting:
             gc.enable()
-    merged = {**DEFAULT_OPTIONS, "fsname": _fsname(source), **parse_options(options or [])}
+    if isinstance(source, LocalFiles):
+        for model in models:
+            for shard in model.shards:
+                source.expect(shard.header.path, Expectation.of(shard.header))
+    # commas would split the -o list; keep the name readable in `mount` output
+    merged = {**DEFAULT_OPTIONS, "fsname": key.replace(",", "_"), **parse_options(options or [])}
     if threads:
         merged.pop("nothreads", None)
     if merged.get("allow_other"):
         merged["default_permissions"] = True  # with other users in, the kernel enforces the 0444/0555 modes
     return MountPlan(
-        source=os.path.abspath(source),
+        source=key,
         mountpoint=mountpoint,
         tree=tree,
-        files=LocalFiles(_expectations(models), max_open=max_open_files, drop_behind=not keep_source_cache,
-                         threaded=not merged.get("nothreads")),
+        files=source,
         options=merged,
         warnings=[warning for model in models for warning in model.warnings],
     )
-
-
-def _fsname(source: str) -> str:
-    # commas would split the -o list; keep the name readable in `mount` output
-    return os.path.abspath(source).replace(",", "_")
-
-
-def _expectations(models: list[Model]) -> dict[str, Expectation]:
-    return {
-        shard.header.path: Expectation.of(shard.header)
-        for model in models
-        for shard in model.shards
-    }
 
 
 def check_mountpoint(mountpoint: str) -> None:

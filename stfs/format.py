@@ -1,7 +1,7 @@
-"""The safetensors file format: read a header and enforce every rule of SPEC §4.
+"""The safetensors file format: read a header and enforce every validation rule (README.md, "Validation").
 
-Pure: two positioned reads of the file (the 8-byte length, then the JSON
-header), never the data section; no FUSE here.
+Pure: a header comes through a range fetcher (``fetch(offset, size) -> bytes``), in one or two
+reads (the 8-byte length, then the JSON header), never the data section; no I/O of its own.
 """
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import struct
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import errors
 
 MAX_HEADER_LENGTH = 100_000_000
+RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
 U64_MAX = 2**64 - 1
 
 # The 22 dtypes of safetensors 0.8 and their widths in bits.
@@ -90,45 +90,26 @@ class Header:
         return self.file_size - self.data_start
 
 
-def read_header(path: str) -> Header:
-    """Read and validate the header of the safetensors file at ``path``."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise errors.UnreadableFile(f"{path}: cannot open: {exc.strerror}") from exc
-    try:
-        stat = os.fstat(fd)
-        head = _pread_exact(fd, 8, 0, path)
-        if len(head) < 8:
-            raise errors.HeaderTooSmall(path, f"file is {stat.st_size} bytes, fewer than the 8 of the length prefix")
-        (length,) = struct.unpack("<Q", head)
-        if length > MAX_HEADER_LENGTH:
-            raise errors.HeaderTooLarge(path, f"header length {length} exceeds the limit of {MAX_HEADER_LENGTH}")
-        if 8 + length > stat.st_size:
-            raise errors.InvalidHeaderLength(
-                path, f"header length {length} runs past the end of the {stat.st_size}-byte file"
-            )
-        raw = _pread_exact(fd, length, 8, path)
-        if len(raw) < length:
-            raise errors.InvalidHeaderLength(path, f"file ended after {8 + len(raw)} bytes, inside the header")
-    finally:
-        os.close(fd)
-    return parse_header(raw, path=path, file_size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 8) -> Header:
+    """Read and validate the header of the ``file_size``-byte file ``path`` through ``fetch(offset, size)``.
 
-
-def _pread_exact(fd: int, size: int, offset: int, path: str) -> bytes:
-    chunks = []
-    while size > 0:
-        try:
-            chunk = os.pread(fd, min(size, 1 << 30), offset)
-        except OSError as exc:
-            raise errors.UnreadableFile(f"{path}: cannot read: {exc.strerror}") from exc
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size -= len(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
+    The first fetch asks for ``first_read`` bytes from 0 (at least the 8 of the length): where a remote
+    file's header fits in a speculative first read, a header costs one request, else two.
+    """
+    if file_size < 8:
+        raise errors.HeaderTooSmall(path, f"file is {file_size} bytes, fewer than the 8 of the length prefix")
+    head = fetch(0, min(max(8, first_read), file_size))
+    if len(head) < 8:
+        raise errors.InvalidHeaderLength(path, f"file ended after {len(head)} bytes, inside the length prefix")
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > MAX_HEADER_LENGTH:
+        raise errors.HeaderTooLarge(path, f"header length {length} exceeds the limit of {MAX_HEADER_LENGTH}")
+    if 8 + length > file_size:
+        raise errors.InvalidHeaderLength(path, f"header length {length} runs past the end of the {file_size}-byte file")
+    raw = head[8 : 8 + length] if len(head) >= 8 + length else fetch(8, length)
+    if len(raw) < length:
+        raise errors.InvalidHeaderLength(path, f"file ended after {8 + len(raw)} bytes, inside the header")
+    return parse_header(bytes(raw), path=path, file_size=file_size, mtime_ns=mtime_ns)
 
 
 def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) -> Header:

@@ -1,7 +1,7 @@
-"""Models: a SOURCE (file, index, directory) resolved into tensors with their source bytes.
+"""Models: a SOURCE (file, index, folder) resolved into tensors with their source bytes.
 
-Data flows from ``format`` (one file's header) to here (a model made of one
-or many files); nothing here knows about paths in the mounted tree.
+Data flows from a ``ByteSource`` (listing, reading) through ``format`` (one file's header) to here
+(a model made of one or many files); nothing here knows about paths in the mounted tree.
 """
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import posixpath
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from . import errors
-from .format import Header, encodable, read_header
+from .format import Header, encodable, fetch_header
+from .sources import ByteSource, Kind, LocalFiles, base_name, join_key, parent_key, relative_key
 
 MODEL_SUFFIX = ".safetensors"
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -89,39 +91,59 @@ class Model:
         return max(shard.header.mtime_ns for shard in self.shards)
 
 
-def discover(source: str) -> list[ModelSource]:
-    """The models SOURCE names (SPEC §1), without reading any safetensors header."""
-    source = os.path.abspath(source)
-    if os.path.isdir(source):
-        return _discover_directory(source)
-    if os.path.isfile(source):
-        return [ModelSource(name="", path=source)]
-    if os.path.lexists(source):
-        raise errors.SourceError(f"{source}: not a file or a directory")
-    raise errors.SourceError(f"{source}: no such file or directory")
+def read_header(key: str, source: ByteSource | None = None) -> Header:
+    """Read and validate the header of the safetensors file ``key`` of ``source`` (default: a local path)."""
+    source = source or LocalFiles()
+    try:
+        info = source.stat(key)
+    except OSError as exc:
+        raise errors.UnreadableFile(f"{key}: cannot open: {exc.strerror or exc}") from exc
+
+    def fetch(offset: int, size: int) -> bytes:
+        try:
+            return source.read(key, offset, size)
+        except OSError as exc:
+            raise errors.UnreadableFile(f"{key}: cannot read: {exc.strerror or exc}") from exc
+
+    return fetch_header(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
 
 
-def _discover_directory(root: str) -> list[ModelSource]:
+def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:
+    """The models ``key`` names (README.md, "Sources"), without reading any safetensors header.
+
+    Without ``source``, ``key`` is a local path.
+    """
+    if source is None:
+        source, key = LocalFiles(), os.path.abspath(key)
+    kind = source.kind(key)
+    if kind is Kind.FOLDER:
+        return _discover_folder(source, key)
+    if kind is Kind.FILE:
+        return [ModelSource(name="", path=key)]
+    if kind is Kind.OTHER:
+        raise errors.SourceError(f"{key}: not a file or a directory")
+    raise errors.SourceError(f"{key}: no such file or directory")
+
+
+def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     indexes: list[str] = []
     files: list[str] = []
-    for folder, subfolders, names in os.walk(root):
-        subfolders.sort()
-        for name in sorted(names):
-            path = os.path.join(folder, name)
-            if name.endswith(INDEX_SUFFIX):
-                indexes.append(path)
-            elif name.endswith(MODEL_SUFFIX) and os.path.isfile(path):
-                files.append(path)
-    shard_paths: set[str] = set()
+    for key in source.walk(root):
+        name = base_name(key)
+        if name.endswith(INDEX_SUFFIX):
+            indexes.append(key)
+        elif name.endswith(MODEL_SUFFIX) and source.kind(key) is Kind.FILE:
+            files.append(key)
+    shard_keys: set[str] = set()
     for index in indexes:
-        weight_map = _read_weight_map(index)
-        shard_paths.update(_shard_path(index, shard) for shard in set(weight_map.values()))
-    models = [path for path in sorted(indexes + files) if path not in shard_paths]
+        weight_map = _read_weight_map(index, _read_index(source, index)[0])
+        shard_keys.update(join_key(parent_key(index), shard) for shard in set(weight_map.values()))
+    models = [key for key in sorted(indexes + files) if key not in shard_keys]
     if not models:
         raise errors.SourceError(f"{root}: no {MODEL_SUFFIX} file or {INDEX_SUFFIX} found")
     if len(models) == 1:
         return [ModelSource(name="", path=models[0])]
-    result = [ModelSource(name=_model_name(os.path.relpath(path, root)), path=path) for path in models]
+    result = [ModelSource(name=_model_name(relative_key(root, key)), path=key) for key in models]
     seen: dict[str, str] = {}
     for model in result:
         if model.name in seen:
@@ -137,23 +159,26 @@ def _model_name(relative: str) -> str:
     return relative
 
 
-def load(source: ModelSource) -> Model:
-    """Read and check every header of ``source``; raise on the first broken rule (all shards are checked)."""
-    if source.is_index:
-        return _load_sharded(source)
-    header = read_header(source.path)
-    shard = Shard(name=os.path.basename(source.path), header=header)
+def load(model_source: ModelSource, source: ByteSource | None = None) -> Model:
+    """Read and check every header of ``model_source``; raise on the first broken rule (all shards are checked)."""
+    source = source or LocalFiles()
+    if model_source.is_index:
+        return _load_sharded(source, model_source)
+    header = read_header(model_source.path, source)
+    shard = Shard(name=base_name(model_source.path), header=header)
     return Model(
-        name=source.name,
-        path=source.path,
+        name=model_source.name,
+        path=model_source.path,
         metadata=header.metadata,
         shards=(shard,),
     )
 
 
-def resolve(source: str) -> list[Model]:
-    """Every model of SOURCE, validated (SPEC §1 and §4)."""
-    return [load(model_source) for model_source in discover(source)]
+def resolve(key: str, source: ByteSource | None = None) -> list[Model]:
+    """Every model ``key`` names, validated; without ``source``, ``key`` is a local path."""
+    if source is None:
+        source, key = LocalFiles(), os.path.abspath(key)
+    return [load(model_source, source) for model_source in discover(key, source)]
 
 
 def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
@@ -170,11 +195,10 @@ def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
         )
 
 
-def _read_index(index: str) -> tuple[dict, bytes]:
+def _read_index(source: ByteSource, index: str) -> tuple[dict, bytes]:
     """The index's JSON object and its bytes."""
     try:
-        with open(index, "rb") as stream:
-            raw = stream.read(MAX_INDEX_LENGTH + 1)
+        raw = source.read(index, 0, MAX_INDEX_LENGTH + 1)
     except OSError as exc:
         raise errors.InvalidIndex(f"{index}: cannot read index: {exc.strerror}") from exc
     if len(raw) > MAX_INDEX_LENGTH:
@@ -189,15 +213,15 @@ def _read_index(index: str) -> tuple[dict, bytes]:
     return document, raw
 
 
-def _read_weight_map(index: str, document: dict | None = None) -> dict[str, str]:
-    weight_map = (_read_index(index)[0] if document is None else document).get("weight_map")
+def _read_weight_map(index: str, document: dict) -> dict[str, str]:
+    weight_map = document.get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise errors.InvalidIndex(f"{index}: index has no weight_map of tensor name -> shard file")
     if not weight_map:
         raise errors.InvalidIndex(f"{index}: weight_map names no tensor")
     for shard in set(weight_map.values()):
         parts = shard.replace("\\", "/").split("/")
-        if os.path.isabs(shard) or ".." in parts or not shard:
+        if shard.startswith("/") or ".." in parts or not shard:
             raise errors.InvalidIndex(f"{index}: shard {shard!r} is not a path inside the index's folder")
         if not encodable(shard):
             # A \udcXX escape would otherwise name a non-UTF-8 file, whose name no header.json could then hold.
@@ -216,28 +240,28 @@ def _natural_key(name: str) -> list[tuple[int, int, str]]:
 
 
 def _shard_path(index: str, shard: str) -> str:
-    return os.path.normpath(os.path.join(os.path.dirname(index), shard))
+    return join_key(parent_key(index), shard)
 
 
-def _load_sharded(source: ModelSource) -> Model:
-    index = source.path
-    document, raw = _read_index(index)
+def _load_sharded(source: ByteSource, model_source: ModelSource) -> Model:
+    index = model_source.path
+    document, raw = _read_index(source, index)
     weight_map = _read_weight_map(index, document)
     problems: list[errors.StfsError] = []
     shards: list[Shard] = []
     # In shard-name order, not the weight_map's (usually sorted by tensor name): "the first shard" is model-00001.
     loaded: set[str] = set()
-    spellings = sorted(set(weight_map.values()), key=lambda n: (_natural_key(os.path.normpath(n)), len(n), n))
+    spellings = sorted(set(weight_map.values()), key=lambda n: (_natural_key(posixpath.normpath(n)), len(n), n))
     for shard_name in spellings:
         path = _shard_path(index, shard_name)
         if path in loaded:  # one file spelled two ways ("a.safetensors", "./a.safetensors"): read it once
             continue
         loaded.add(path)
-        if not os.path.isfile(path):
+        if source.kind(path) is not Kind.FILE:
             problems.append(errors.MissingShard(f"{index}: shard {shard_name!r} named by weight_map is missing"))
             continue
         try:
-            shards.append(Shard(name=shard_name, header=read_header(path)))
+            shards.append(Shard(name=shard_name, header=read_header(path, source)))
         except errors.StfsError as exc:
             problems.append(exc)
     if problems:
@@ -277,7 +301,7 @@ def _load_sharded(source: ModelSource) -> Model:
         for key, value in shard.header.metadata.items():
             metadata.setdefault(key, value)
     return Model(
-        name=source.name,
+        name=model_source.name,
         path=index,
         metadata=metadata,
         shards=tuple(shards),

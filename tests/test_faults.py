@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from stfs.daemon import daemon_pid, is_dead_mount
-from stfs.format import read_header
+from stfs.model import read_header
 from stfs.sources import Expectation, LocalFiles, SourceChanged
 from tests.helpers import MountFn
 from tests.models import sharded_arrays, write_numpy, write_sharded

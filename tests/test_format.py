@@ -13,7 +13,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from stfs import errors
-from stfs.format import DTYPE_BITS, MAX_HEADER_LENGTH, U64_MAX, Header, read_header
+from stfs.format import DTYPE_BITS, MAX_HEADER_LENGTH, U64_MAX, Header
+from stfs.model import read_header
 from tests.models import RAW_DTYPES, rich_arrays, tensor_bytes, write_header, write_numpy, write_raw
 
 NUMPY_DTYPES = {

@@ -139,7 +139,7 @@ HOSTILE_HEADERS = [
 def test_hostile_headers_give_format_errors_only(tmp_path: os.PathLike, raw: bytes) -> None:
     path = write_header(os.path.join(str(tmp_path), "h.safetensors"), None, raw=raw)
     try:
-        header = format.read_header(path)
+        header = model.read_header(path)
     except errors.StfsError:
         return
     views.build_tree(model.resolve(path))

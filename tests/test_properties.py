@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stfs import errors
-from stfs.format import DTYPE_BITS, Header, read_header
+from stfs.format import DTYPE_BITS, Header
 from stfs.info import render_json, render_table, summarize
-from stfs.model import Model, resolve
+from stfs.model import Model, read_header, resolve
 from stfs.views import merged_header
 from tests.models import sharded_arrays, write_header, write_numpy, write_sharded
 

@@ -1,7 +1,31 @@
-"""Byte sources: the interface (``base``) and its implementations (``local``)."""
+"""Byte sources: the interface (``base``), its implementations (``local``), and the one that SOURCE names."""
 
-from .base import PAGE, ByteSource, SourceChanged, SpliceSource
+import os
+
+from .base import (
+           PAGE,
+           ByteSource,
+           FileInfo,
+           Kind,
+           SourceChanged,
+           SpliceSource,
+           base_name,
+           join_key,
+           parent_key,
+           relative_key,
+)
 from .local import DEFAULT_MAX_OPEN_FILES, Expectation, LocalFiles
 
-__all__ = ["DEFAULT_MAX_OPEN_FILES", "PAGE", "ByteSource", "Expectation", "LocalFiles", "SourceChanged",
-           "SpliceSource"]
+__all__ = ["DEFAULT_MAX_OPEN_FILES", "PAGE", "ByteSource", "Expectation", "FileInfo", "Kind", "LocalFiles",
+           "SourceChanged", "SpliceSource", "base_name", "join_key", "parent_key", "relative_key"]
+
+
+def open_source(text: str, *, max_open_files: int = DEFAULT_MAX_OPEN_FILES, threads: bool = False,
+                keep_source_cache: bool = False) -> tuple[ByteSource, str]:
+    """The byte source SOURCE (as given on the command line) lives in, and its key there.
+
+    ``keep_source_cache`` leaves a local source's page cache alone instead of dropping pages once
+    served (local.py); ``threads`` says requests may come from several threads at once.
+    """
+    source = LocalFiles(max_open=max_open_files, drop_behind=not keep_source_cache, threaded=threads)
+    return source, os.path.abspath(text)

@@ -1,14 +1,43 @@
-"""The interface every byte source implements: where the bytes of a mount come from.
+"""The interface every byte source implements: where the files of a mount and their bytes come from.
 
-A source names its files by *keys*: opaque strings (for local files, absolute paths) that also
-appear in ``user.safetensors.file`` and in error messages.
+A source names its files by *keys*: absolute paths for local files, a URL without credentials for a
+remote object. Keys appear in ``user.safetensors.file`` and in error messages. Folders of keys are
+``/``-separated below an optional ``scheme://authority`` prefix; ``join_key``, ``parent_key`` and
+``relative_key`` do the path arithmetic for every kind of key, so discovery never needs ``os.path``.
+
+To add a source: write one class with the methods of ``ByteSource`` (and ``splice_into`` if its bytes
+can go into a pipe by reference) and add it to the contract suite, tests/test_source_contract.py.
 """
 
 from __future__ import annotations
 
+import posixpath
+import re
+from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol, runtime_checkable
 
 PAGE = 4096
+_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*")
+
+
+class Kind(Enum):
+    """What a key names."""
+
+    FILE = "file"
+    FOLDER = "folder"
+    OTHER = "other"  # exists, but neither (a device, a socket, a dangling link)
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """A file of a source as it is now: ``version`` changes whenever its bytes may have (local: device,
+    inode, size and mtime; remote: an ETag, a VersionId or a commit)."""
+
+    key: str
+    size: int
+    mtime_ns: int
+    version: str
 
 
 class SourceChanged(OSError):
@@ -17,7 +46,25 @@ class SourceChanged(OSError):
 
 @runtime_checkable
 class ByteSource(Protocol):
-    """Reads ranges of the files of one source."""
+    """Lists, describes and reads the files of one source."""
+
+    first_read: int  # bytes a header's first read asks for: 8 locally, ~100 KB where a request is costly
+
+    def kind(self, key: str) -> Kind | None:
+        """What ``key`` names, or ``None`` if nothing."""
+        ...
+
+    def walk(self, folder: str) -> list[str]:
+        """The keys of every entry below ``folder`` that is not a folder, at any depth, sorted."""
+        ...
+
+    def stat(self, key: str) -> FileInfo:
+        """Size, modification time and version of the file ``key``; ``OSError`` if it cannot be had."""
+        ...
+
+    def read(self, key: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of ``key`` from ``offset``; fewer only at its end; ``OSError`` on failure."""
+        ...
 
     def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
         """Fill ``buffer`` with the bytes of ``key`` at ``offset``; return the count, short only at its end."""
@@ -36,3 +83,30 @@ class SpliceSource(ByteSource, Protocol):
         """Move ``count`` bytes of ``key`` at ``offset`` into the non-blocking pipe ``pipe``; the count moved,
         short only when the pipe is full."""
         ...
+
+
+def _split(key: str) -> tuple[str, str]:
+    match = _PREFIX.match(key)
+    return (match.group(), key[match.end():]) if match else ("", key)
+
+
+def join_key(folder: str, relative: str) -> str:
+    """The key of ``relative`` (a ``/``-separated path, normalised) inside ``folder``."""
+    prefix, path = _split(folder)
+    return prefix + posixpath.normpath(posixpath.join(path or "/", relative))
+
+
+def parent_key(key: str) -> str:
+    """The folder holding ``key``."""
+    prefix, path = _split(key)
+    return prefix + posixpath.dirname(path)
+
+
+def relative_key(root: str, key: str) -> str:
+    """``key``'s path below the folder ``root``."""
+    return posixpath.relpath(_split(key)[1], _split(root)[1] or "/")
+
+
+def base_name(key: str) -> str:
+    """The last component of ``key``."""
+    return posixpath.basename(_split(key)[1])

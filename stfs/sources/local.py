@@ -28,11 +28,12 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from stat import S_ISDIR, S_ISREG
 
 from cachetools import LRUCache
 
 from ..format import Header, header_digest
-from .base import PAGE, SourceChanged
+from .base import PAGE, FileInfo, Kind, SourceChanged
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +97,59 @@ class _ClosingLRU(LRUCache):
 class LocalFiles:
     """Local files read with ``preadv`` or ``splice``; at most ``max_open`` descriptors stay open (LRU)."""
 
-    def __init__(self, expected: dict[str, Expectation], max_open: int = DEFAULT_MAX_OPEN_FILES,
+    first_read = 8
+
+    def __init__(self, expected: dict[str, Expectation] | None = None, max_open: int = DEFAULT_MAX_OPEN_FILES,
                  drop_behind: bool = True, threaded: bool = True) -> None:
-        self._expected = expected
+        self._expected = dict(expected or {})
         self._open: _ClosingLRU = _ClosingLRU(maxsize=max_open)
         self._lock = threading.Lock()
         self.drop_behind = drop_behind
         # A single-threaded daemon skips the lock: two uncontended acquisitions are a tenth of a 4 KiB read.
         self.threaded = threaded
         self._lag = THREADED_DROP_LAG if threaded else DROP_LAG
+
+    def kind(self, key: str) -> Kind | None:
+        try:
+            mode = os.stat(key).st_mode
+        except FileNotFoundError:
+            return Kind.OTHER if os.path.lexists(key) else None  # a dangling link
+        except ValueError:  # a NUL in the name: no such file can exist
+            return None
+        except OSError:
+            return Kind.OTHER
+        return Kind.FOLDER if S_ISDIR(mode) else Kind.FILE if S_ISREG(mode) else Kind.OTHER
+
+    def walk(self, folder: str) -> list[str]:
+        keys = []
+        for parent, subfolders, names in os.walk(folder):
+            subfolders.sort()
+            keys += [os.path.join(parent, name) for name in names]
+        return sorted(keys)
+
+    def stat(self, key: str) -> FileInfo:
+        info = os.stat(key)
+        version = f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+        return FileInfo(key=key, size=info.st_size, mtime_ns=info.st_mtime_ns, version=version)
+
+    def read(self, key: str, offset: int, size: int) -> bytes:
+        fd = os.open(key, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while size > 0:
+                chunk = os.pread(fd, min(size, 1 << 30), offset)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size -= len(chunk)
+                offset += len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def expect(self, key: str, expectation: Expectation) -> None:
+        """Check from now on that ``key`` still has the header it was validated with."""
+        self._expected[key] = expectation
 
     def read_into(self, file: str, offset: int, buffer: memoryview) -> int:
         """Fill ``buffer`` with the bytes of ``file`` at ``offset``; return its length."""

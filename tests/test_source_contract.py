@@ -1,0 +1,137 @@
+"""The contract every byte source keeps, run against each implementation (as fsspec's tests/abstract do).
+
+A new source (HTTP, S3, the Hub) joins by adding a ``Setup`` to ``SETUPS``: a way to publish a tree of
+files and open the source that serves them. Every test here then runs against it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from stfs.sources import ByteSource, Kind, LocalFiles, SpliceSource, join_key, parent_key, relative_key
+
+Files = dict[str, bytes]
+
+
+@dataclass
+class Setup:
+    """Publishes ``files`` (relative path -> bytes) and opens a source on them; returns the source and
+    the key of the folder that holds them."""
+
+    name: str
+    open: Callable[[Path, Files], tuple[ByteSource, str]]
+
+
+def _local(folder: Path, files: Files) -> tuple[ByteSource, str]:
+    for relative, data in files.items():
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return LocalFiles(), str(folder)
+
+
+SETUPS = [Setup("local", _local)]
+
+FILES: Files = {
+    "a.safetensors": random.Random(1).randbytes(300_000),
+    "sub/b.bin": b"0123456789" * 1000,
+    "sub/deeper/c.json": b'{"x": 1}',
+    "empty": b"",
+}
+
+
+@pytest.fixture(params=SETUPS, ids=lambda setup: setup.name)
+def published(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[ByteSource, str]]:
+    source, root = request.param.open(tmp_path / "root", FILES)
+    yield source, root
+    source.close()
+
+
+def test_kind(published: tuple[ByteSource, str]) -> None:
+    source, root = published
+    assert source.kind(root) is Kind.FOLDER
+    assert source.kind(join_key(root, "sub")) is Kind.FOLDER
+    assert source.kind(join_key(root, "a.safetensors")) is Kind.FILE
+    assert source.kind(join_key(root, "empty")) is Kind.FILE
+    assert source.kind(join_key(root, "missing")) is None
+
+
+def test_walk_lists_every_file_below_sorted(published: tuple[ByteSource, str]) -> None:
+    source, root = published
+    keys = source.walk(root)
+    assert keys == sorted(keys)
+    assert [relative_key(root, key) for key in keys] == sorted(FILES)
+    assert [relative_key(root, key) for key in source.walk(join_key(root, "sub"))] == ["sub/b.bin",
+                                                                                       "sub/deeper/c.json"]
+
+
+def test_stat_gives_size_and_a_version(published: tuple[ByteSource, str]) -> None:
+    source, root = published
+    for relative, data in FILES.items():
+        info = source.stat(join_key(root, relative))
+        assert info.size == len(data) and info.key == join_key(root, relative)
+        assert info.version and info.version == source.stat(join_key(root, relative)).version
+    with pytest.raises(OSError):
+        source.stat(join_key(root, "missing"))
+
+
+def test_read_returns_exact_bytes_short_only_at_the_end(published: tuple[ByteSource, str]) -> None:
+    source, root = published
+    key = join_key(root, "a.safetensors")
+    data = FILES["a.safetensors"]
+    rng = random.Random(2)
+    for _ in range(100):
+        offset, size = rng.randrange(0, len(data) + 10), rng.choice([0, 1, 8, 4096, 100_000, 400_000])
+        assert source.read(key, offset, size) == data[offset : offset + size]
+    assert source.read(join_key(root, "empty"), 0, 8) == b""
+
+
+def test_read_into_fills_the_buffer(published: tuple[ByteSource, str]) -> None:
+    source, root = published
+    key = join_key(root, "a.safetensors")
+    data = FILES["a.safetensors"]
+    for offset, size in [(0, 8), (1001, 4096), (len(data) - 5000, 5000), (7, 299_993)]:
+        buffer = bytearray(size)
+        assert source.read_into(key, offset, memoryview(buffer)) == size
+        assert bytes(buffer) == data[offset : offset + size]
+
+
+def test_a_missing_file_is_an_oserror(published: tuple[ByteSource, str]) -> None:
+    source, root = published
+    with pytest.raises(OSError):
+        source.read(join_key(root, "missing"), 0, 4)
+    with pytest.raises(OSError):
+        source.read_into(join_key(root, "missing"), 0, memoryview(bytearray(4)))
+
+
+def test_splice_moves_the_same_bytes(published: tuple[ByteSource, str]) -> None:
+    source, root = published
+    if not isinstance(source, SpliceSource):
+        pytest.skip("this source cannot splice")
+    key = join_key(root, "a.safetensors")
+    read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        assert source.splice_into(key, 1001, 50_000, write_end) == 50_000
+        received = b""
+        while len(received) < 50_000:
+            received += os.read(read_end, 65536)
+        assert received == FILES["a.safetensors"][1001:51_001]
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_key_arithmetic() -> None:
+    assert join_key(["/m", "index.json"][0], "./s/a.safetensors") == "/m/s/a.safetensors"
+    assert parent_key("/m/x.safetensors") == "/m"
+    assert relative_key("/m", "/m/sub/x") == "sub/x"
+    assert join_key("https://host:8/a/b", "../c//d") == "https://host:8/a/c/d"
+    assert parent_key("s3://bucket/dir/x.json") == "s3://bucket/dir"
+    assert relative_key("s3://bucket/dir", "s3://bucket/dir/sub/x") == "sub/x"
+    assert join_key("s3://bucket", "x") == "s3://bucket/x"
