@@ -1,4 +1,5 @@
-"""The command line: ``stfs mount|unmount|info|check``. ``main(argv) -> int``; one top-level error handler."""
+"""The command line: ``stfs mount|unmount|info|check``, and ``stfs SOURCE MNT -o OPTS`` as mount(8) runs it.
+``main(argv) -> int``; one top-level error handler."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from . import __version__, errors
 from .model import discover, load
+from .options import OptionError, positive_int, sort_options
 from .sources import DEFAULT_MAX_OPEN_FILES, open_source
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -34,12 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("source", metavar="SOURCE", help="x.safetensors, x.safetensors.index.json or a folder")
     mount.add_argument("mountpoint", metavar="MNT", help="an existing empty folder")
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
-    mount.add_argument("-o", dest="options", action="append", default=[], metavar="OPT,...",
-                       help="FUSE mount options, e.g. allow_other")
+    mount.add_argument("-o", dest="options", action="append", default=[], metavar="OPT,...", type=_checked_options,
+                       help="mount options: FUSE's (e.g. allow_other) and stfs's own as NAME=VALUE "
+                            "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache)")
     mount.add_argument("--layout", choices=("nested", "flat"), default="nested",
                        help="tensors/ as folders split at dots (nested, default) or one file per name (flat)")
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
-    mount.add_argument("--max-open-files", type=int, default=DEFAULT_MAX_OPEN_FILES, metavar="N",
+    mount.add_argument("--max-open-files", type=positive_int, default=DEFAULT_MAX_OPEN_FILES, metavar="N",
                        help=f"source files kept open at once (default {DEFAULT_MAX_OPEN_FILES})")
     mount.add_argument("--threads", action="store_true",
                        help="serve requests with libfuse's thread pool (default: one thread, faster under the GIL)")
@@ -63,12 +66,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _checked_options(value: str) -> str:
+    """An ``-o`` value, unchanged once its stfs settings are known to be valid (else a usage error)."""
+    try:
+        sort_options([value])
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     from .daemon import default_log_file, plan_mount, run_background, run_foreground
+    from .fuse_conf import check_allow_other, fuse_conf_path
 
+    options = sort_options(args.options)
+    vars(args).update(options.settings)  # `-o layout=flat` is `--layout flat`; given both ways, -o wins
+    for warning in options.warnings:
+        print(f"stfs: warning: {warning}", file=sys.stderr)
+    check_allow_other(options.fuse, os.getuid(), fuse_conf_path())
     source, key = open_source(args.source, max_open_files=args.max_open_files, threads=args.threads,
                               keep_source_cache=args.keep_source_cache)
-    plan = plan_mount(source, key, args.mountpoint, args.layout, args.options, threads=args.threads)
+    plan = plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=args.threads)
     for warning in plan.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
     if args.foreground:
@@ -149,9 +167,16 @@ def _tolerant_output() -> None:
 COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check}
 
 
+def mount8_form(argv: Sequence[str]) -> list[str]:
+    """``stfs SOURCE MNT -o OPTS``, what mount(8) runs (through mount.fuse3) for type fuse.stfs, as ``stfs mount``."""
+    if len(argv) >= 2 and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        return ["mount", *argv]
+    return list(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(mount8_form(sys.argv[1:] if argv is None else argv))
     args.whole_program = argv is None  # run as the stfs command, not called from Python: may exit at once
     _tolerant_output()
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="stfs: %(message)s")

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from stfs import errors, format, model, tree, views
+from stfs import errors, model, tree, views
 from tests.helpers import MountFn, run
 from tests.models import tensor_bytes, write_header, write_numpy
 

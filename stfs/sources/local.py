@@ -102,6 +102,7 @@ class LocalFiles:
     def __init__(self, expected: dict[str, Expectation] | None = None, max_open: int = DEFAULT_MAX_OPEN_FILES,
                  drop_behind: bool = True, threaded: bool = True) -> None:
         self._expected = dict(expected or {})
+        self.max_open = max_open
         self._open: _ClosingLRU = _ClosingLRU(maxsize=max_open)
         self._lock = threading.Lock()
         self.drop_behind = drop_behind

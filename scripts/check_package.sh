@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Build the sdist and the wheel (the wheel from the sdist), fail on any build warning, `twine check` both, then
+# install the wheel in a fresh venv (dependencies from PyPI) and run it. Build tools live in a venv of their own,
+# so nothing is installed into the Python running this. Usage: bash scripts/check_package.sh [OUTDIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+out="${1:-$work/dist}"
+pip_quiet=(-q --disable-pip-version-check --no-input)
+
+python3 -m venv "$work/tools"
+"$work/tools/bin/pip" install "${pip_quiet[@]}" build twine
+
+# PYTHONDONTWRITEBYTECODE would make setuptools warn that byte-compiling is disabled.
+env -u PYTHONDONTWRITEBYTECODE "$work/tools/bin/python" -m build --outdir "$out" . >"$work/build.log" 2>&1 || {
+    cat "$work/build.log"; echo "check_package: build failed" >&2; exit 1; }
+if grep -inE 'warning|deprecat' "$work/build.log"; then
+    echo "check_package: the build printed the warnings above" >&2
+    exit 1
+fi
+"$work/tools/bin/twine" check --strict "$out"/*.tar.gz "$out"/*.whl
+
+python3 -m venv "$work/fresh"  # no --system-site-packages: only what the wheel pulls in
+"$work/fresh/bin/pip" install "${pip_quiet[@]}" "$out"/*.whl
+"$work/fresh/bin/python" - "$work/tiny.safetensors" <<'PY'
+import json, struct, sys
+header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+with open(sys.argv[1], "wb") as stream:
+    stream.write(struct.pack("<Q", len(header)) + header + struct.pack("<2f", 1.0, 2.0))
+PY
+"$work/fresh/bin/stfs" --version
+"$work/fresh/bin/stfs" info "$work/tiny.safetensors"
+"$work/fresh/bin/python" -c "import stfs.fs"  # mfusepy (pinned <4) loads libfuse3 and has what stfs overrides
+echo "check_package: ok ($(cd "$out" && echo *.tar.gz *.whl))"

@@ -1,0 +1,115 @@
+"""``-o`` mount options sorted three ways: stfs's own settings, options mount(8) adds that mean nothing to a
+read-only FUSE mount (dropped), and the rest, which go to libfuse as before. Pure: no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+
+class OptionError(ValueError):
+    """An ``-o`` item names an stfs setting but its value is wrong: a usage error (exit 2)."""
+
+
+def flag(value: str | None) -> bool:
+    if value is not None:
+        raise ValueError("takes no value")
+    return True
+
+
+def text(value: str | None) -> str:
+    if not value:
+        raise ValueError("needs a value")
+    return value
+
+
+def positive_int(value: str | None) -> int:
+    try:
+        number = int(value or "")
+    except ValueError:
+        raise ValueError("must be a whole number") from None
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number
+
+
+def choice(*names: str) -> Callable[[str | None], str]:
+    def read(value: str | None) -> str:
+        if value not in names:
+            raise ValueError(f"must be one of {', '.join(names)}")
+        return value
+
+    return read
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """An stfs setting spelled as an ``-o`` item: the ``stfs mount`` argument it sets and how its value is read."""
+
+    dest: str
+    read: Callable[[str | None], object]
+    repeat: bool = False  # may be given again, each value added to a list (`view=npy,view=f32`)
+
+
+# One line per setting; `-o NAME=VALUE` then sets what `--NAME VALUE` sets. Later ones, e.g.:
+#   "view": Setting("views", choice("npy", "f32"), repeat=True), "cache_size": Setting("cache_size", size_bytes),
+SETTINGS: dict[str, Setting] = {
+    "layout": Setting("layout", choice("nested", "flat")),
+    "log_file": Setting("log_file", text),
+    "max_open_files": Setting("max_open_files", positive_int),
+    "threads": Setting("threads", flag),
+    "keep_source_cache": Setting("keep_source_cache", flag),
+}
+
+# What mount(8) and mount.fuse3 put in the list for any filesystem. stfs files are 0444 and never change, so none
+# of these changes a thing; dropping dev/suid keeps libfuse's nodev,nosuid.
+IGNORED = frozenset({
+    "defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group", "nofail", "_netdev",
+    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "async", "sync", "dirsync",
+    "atime", "noatime", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime", "nolazytime",
+    "diratime", "nodiratime", "iversion", "noiversion", "mand", "nomand", "silent", "loud",
+})
+IGNORED_PREFIXES = ("x-", "comment=")  # x-systemd.automount, x-gvfs-show, comment=...: for userspace, by definition
+READ_ONLY_WARNING = "-o rw: stfs mounts are read-only; mounting read-only"
+
+
+@dataclass(frozen=True, slots=True)
+class MountOptions:
+    """The ``-o`` items sorted: ``settings`` maps ``stfs mount`` argument names to values."""
+
+    settings: dict[str, object]
+    fuse: list[str]
+    ignored: list[str]
+    warnings: list[str]
+
+
+def sort_options(texts: Iterable[str], settings: Mapping[str, Setting] = SETTINGS) -> MountOptions:
+    """Sort ``-o`` values (each a comma-separated list); a setting given twice keeps its last value.
+
+    Raise ``OptionError`` on a bad value for an stfs setting; anything unknown is for libfuse.
+    """
+    result = MountOptions({}, [], [], [])
+    for item in (item for text in texts for item in text.split(",") if item):
+        name, has_value, value = item.partition("=")
+        if name in settings:
+            setting = settings[name]
+            try:
+                parsed = setting.read(value if has_value else None)
+            except ValueError as exc:
+                raise OptionError(f"{item}: {name} {exc}") from None
+            if setting.repeat:
+                values = result.settings.setdefault(setting.dest, [])
+                assert isinstance(values, list)
+                values.append(parsed)
+            else:
+                result.settings[setting.dest] = parsed
+        elif item == "rw":
+            if READ_ONLY_WARNING not in result.warnings:
+                result.warnings.append(READ_ONLY_WARNING)
+            result.ignored.append(item)
+        elif item in IGNORED or item.startswith(IGNORED_PREFIXES):
+            result.ignored.append(item)
+        else:
+            result.fuse.append(item)
+    return result
+
