@@ -119,7 +119,7 @@ class SourceError(StfsError):
 
 
 class ShardError(StfsError):
-    """A sharded set breaks a rule of SPEC §4 (index, missing shard, misplaced tensor)."""
+    """A sharded set breaks a rule (README.md, "Validation"): index, missing shard, misplaced tensor."""
 
 
 class InvalidIndex(ShardError):

@@ -1,4 +1,4 @@
-"""Faults under load (SPEC §6): sources truncated, rewritten, replaced or deleted under readers; the daemon killed.
+"""Faults under load (README.md, "Choices where the contract is silent"): sources truncated, rewritten, replaced or deleted under readers; the daemon killed.
 
 The rule every test holds: a read returns the mounted bytes or fails (EIO, or ENOTCONN once the daemon is gone);
 it never returns other bytes as the tensor's, never hangs, and the daemon survives anything done to its sources.

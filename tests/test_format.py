@@ -1,4 +1,4 @@
-"""The header reader: one broken file per rule of SPEC §4, every valid shape of file, and hostile headers."""
+"""The header reader: one broken file per validation rule (README.md), every valid shape of file, and hostile headers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Models: SOURCE resolution (SPEC §1), sharded-set rules (SPEC §4), absolute offsets and the merged header."""
+"""Models: SOURCE resolution (README.md, "Commands"), sharded-set rules (README.md, "Validation"), absolute offsets and the merged header."""
 
 from __future__ import annotations
 
