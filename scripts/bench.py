@@ -117,8 +117,9 @@ def resident_bytes(path: str) -> int | None:
     """Bytes of ``path`` in the page cache (fincore), or None if unknown."""
     if shutil.which("fincore") is None:
         return None
-    result = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", path], capture_output=True, text=True
+    )
     try:
         return int(result.stdout.split()[0])
     except (IndexError, ValueError):
@@ -195,9 +196,18 @@ def big_model(folder: str, size: int) -> tuple[str, int, int]:
     return path, offset, size
 
 
-MANY_PARTS = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-              "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-              "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.down_proj.bias"]
+MANY_PARTS = [
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "mlp.down_proj.bias",
+]
 
 
 def many_names(count: int) -> list[str]:
@@ -327,8 +337,11 @@ class CReference:
         self.mountpoint = mountpoint
         os.makedirs(mountpoint, exist_ok=True)
         options = "ro,kernel_cache,attr_timeout=86400,entry_timeout=86400,fsname=cref"
-        self.process = subprocess.Popen([binary, source, str(offset), str(size), mountpoint, "-f", "-o", options],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [binary, source, str(offset), str(size), mountpoint, "-f", "-o", options],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while not os.path.ismount(mountpoint):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -353,8 +366,9 @@ def c_reference(args: argparse.Namespace) -> str | None:
     binary = os.path.join(args.data, "cref")
     source = os.path.join(REPO, "scripts", "cref.c")
     if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(source):
-        result = subprocess.run(["gcc", "-O2", "-o", binary, source, "-l:libfuse3.so.3"], capture_output=True,
-                                text=True)
+        result = subprocess.run(
+            ["gcc", "-O2", "-o", binary, source, "-l:libfuse3.so.3"], capture_output=True, text=True
+        )
         if result.returncode != 0:
             log(f"cannot build the C reference: {result.stderr.strip()[:200]}")
             return None
@@ -373,8 +387,7 @@ def mounted(source: str, mountpoint: str, options: list[str], stats: bool = True
 def read_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
     """Reads between two stats snapshots: count, bytes, sizes (all None without counters)."""
     if after is None:
-        return {"reads": None, "bytes": None, "mean_request_bytes": None, "largest_request_bytes": None,
-                "sizes": {}}
+        return {"reads": None, "bytes": None, "mean_request_bytes": None, "largest_request_bytes": None, "sizes": {}}
     sizes = {int(k): v for k, v in after["read_sizes"].items()}
     if before is not None:
         for key, value in before["read_sizes"].items():
@@ -415,8 +428,10 @@ def bench_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
             after_reread = mount.stats()
             first_reads.append(read_summary(base, after_first))
             reread_reads.append(read_summary(after_first, after_reread))
-            log(f"run {run}: first {size / first[-1] / 1e9:.2f} GB/s ({first_reads[-1]['reads']} reads), "
-                f"reread {size / reread[-1] / 1e9:.2f} GB/s ({reread_reads[-1]['reads']} reads)")
+            log(
+                f"run {run}: first {size / first[-1] / 1e9:.2f} GB/s ({first_reads[-1]['reads']} reads), "
+                f"reread {size / reread[-1] / 1e9:.2f} GB/s ({reread_reads[-1]['reads']} reads)"
+            )
     binary = c_reference(args)
     if binary is not None:
         cref = []
@@ -432,13 +447,20 @@ def bench_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
         log(f"C reference first: {cref_gbs:.2f} GB/s")
     first_gbs = size / median(first) / 1e9
     reread_gbs = size / median(reread) / 1e9
-    results["first"] = {"seconds": first, "gb_per_s": first_gbs, "ratio": first_gbs / direct_gbs,
-                        "daemon": first_reads[sorted(range(len(first)), key=first.__getitem__)[len(first) // 2]],
-                        "daemon_runs": first_reads}
-    results["reread"] = {"seconds": reread, "gb_per_s": reread_gbs, "ratio": reread_gbs / direct_gbs,
-                         "daemon_reads": max((r["reads"] for r in reread_reads if r["reads"] is not None),
-                                             default=None),
-                         "daemon_runs": reread_reads}
+    results["first"] = {
+        "seconds": first,
+        "gb_per_s": first_gbs,
+        "ratio": first_gbs / direct_gbs,
+        "daemon": first_reads[sorted(range(len(first)), key=first.__getitem__)[len(first) // 2]],
+        "daemon_runs": first_reads,
+    }
+    results["reread"] = {
+        "seconds": reread,
+        "gb_per_s": reread_gbs,
+        "ratio": reread_gbs / direct_gbs,
+        "daemon_reads": max((r["reads"] for r in reread_reads if r["reads"] is not None), default=None),
+        "daemon_runs": reread_reads,
+    }
 
 
 READER = r"""
@@ -461,8 +483,16 @@ def bench_copies(args: argparse.Namespace, results: dict[str, Any]) -> None:
             source_before = resident_bytes(source)
             base = mount.stats()
             cached_before = meminfo_kib("Cached") * 1024
-            readers = [subprocess.Popen([sys.executable, "-c", READER, tensor], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, env=environment()) for _ in range(2)]
+            readers = [
+                subprocess.Popen(
+                    [sys.executable, "-c", READER, tensor],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=environment(),
+                )
+                for _ in range(2)
+            ]
             sums = [reader.stdout.readline().strip() for reader in readers]  # type: ignore[union-attr]
             cached_after = meminfo_kib("Cached") * 1024
             smaps = [proc_fields(reader.pid, "smaps_rollup") for reader in readers]
@@ -478,9 +508,11 @@ def bench_copies(args: argparse.Namespace, results: dict[str, Any]) -> None:
             for reader in readers:
                 reader.communicate("")
             runs.append(entry)
-            log(f"run {run}: Cached grew {entry['cached_growth']:.2f}x the tensor; "
+            log(
+                f"run {run}: Cached grew {entry['cached_growth']:.2f}x the tensor; "
                 f"Pss/Rss {[round(r['pss_over_rss'], 2) for r in entry['readers']]}; "
-                f"source resident after {entry['source_resident_after']}")
+                f"source resident after {entry['source_resident_after']}"
+            )
     growth = [r["cached_growth"] for r in runs]
     results["copies"] = {"cached_growth": median(growth), "runs": runs}
 
@@ -510,21 +542,38 @@ def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
     for _ in range(args.runs):  # stfs, source and C reference in turn: the machine drifts, the ratio less
         with mounted(source, os.path.join(args.data, "mnt"), args.option, stats=False) as mount:
             samples = timed(os.path.join(mount.mountpoint, "tensors", "big"), 0)
-        mount_runs.append({"p50_us": percentile(samples, 0.5), "p99_us": percentile(samples, 0.99),
-                           "mean_us": statistics.fmean(samples)})
+        mount_runs.append(
+            {
+                "p50_us": percentile(samples, 0.5),
+                "p99_us": percentile(samples, 0.99),
+                "mean_us": statistics.fmean(samples),
+            }
+        )
         samples = timed(source, offset)
-        source_runs.append({"p50_us": percentile(samples, 0.5), "p99_us": percentile(samples, 0.99),
-                            "mean_us": statistics.fmean(samples)})
-        line = (f"latency: mount p50 {mount_runs[-1]['p50_us']:.1f} us p99 {mount_runs[-1]['p99_us']:.1f} us; "
-                f"source p50 {source_runs[-1]['p50_us']:.1f} us")
+        source_runs.append(
+            {
+                "p50_us": percentile(samples, 0.5),
+                "p99_us": percentile(samples, 0.99),
+                "mean_us": statistics.fmean(samples),
+            }
+        )
+        line = (
+            f"latency: mount p50 {mount_runs[-1]['p50_us']:.1f} us p99 {mount_runs[-1]['p99_us']:.1f} us; "
+            f"source p50 {source_runs[-1]['p50_us']:.1f} us"
+        )
         if binary is not None:
             server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
             try:
                 samples = timed(server.file, 0)
             finally:
                 server.unmount()
-            cref_runs.append({"p50_us": percentile(samples, 0.5), "p99_us": percentile(samples, 0.99),
-                              "mean_us": statistics.fmean(samples)})
+            cref_runs.append(
+                {
+                    "p50_us": percentile(samples, 0.5),
+                    "p99_us": percentile(samples, 0.99),
+                    "mean_us": statistics.fmean(samples),
+                }
+            )
             line += f"; C reference p50 {cref_runs[-1]['p50_us']:.1f} us p99 {cref_runs[-1]['p99_us']:.1f} us"
         log(line)
     # Timed without STFS_STATS (its counting costs about a microsecond a request); this run counts requests.
@@ -580,8 +629,13 @@ def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 rss.append(proc_fields(mount.pid, "status")["RssAnon"])
                 if count == largest:
                     started = time.perf_counter()
-                    found = subprocess.run(f"find {mount.mountpoint} -type f | wc -l", shell=True,
-                                           capture_output=True, text=True, check=True)
+                    found = subprocess.run(
+                        f"find {mount.mountpoint} -type f | wc -l",
+                        shell=True,
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
                     finds.append(time.perf_counter() - started)
                     files = int(found.stdout)
         entry = {
@@ -592,8 +646,12 @@ def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
             "vs_safe_open_command": median(mount_seconds) / median(command_seconds),
             "rss_anon_bytes": median(rss),
             "rss_anon_budget_bytes": 50 * MIB + 1024 * count,
-            "runs": {"mount_s": mount_seconds, "safe_open_keys_s": keys_seconds,
-                     "safe_open_command_s": command_seconds, "rss_anon": rss},
+            "runs": {
+                "mount_s": mount_seconds,
+                "safe_open_keys_s": keys_seconds,
+                "safe_open_command_s": command_seconds,
+                "rss_anon": rss,
+            },
         }
         if finds:
             entry["find_s"] = median(finds)
@@ -607,8 +665,9 @@ def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
                     server = CReference(binary, f"tree:{folders}", 0, 0, os.path.join(args.data, "mnt-cref"))
                     try:
                         started = time.perf_counter()
-                        subprocess.run(f"find {server.mountpoint} -type f | wc -l", shell=True, capture_output=True,
-                                       check=True)
+                        subprocess.run(
+                            f"find {server.mountpoint} -type f | wc -l", shell=True, capture_output=True, check=True
+                        )
                         cref_finds.append(time.perf_counter() - started)
                     finally:
                         server.unmount()
@@ -616,9 +675,11 @@ def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 entry["c_reference_find_folders"] = folders
                 entry["runs"]["c_reference_find_s"] = cref_finds
         entries[str(count)] = entry
-        log(f"{count} tensors: mount {entry['mount_s']:.3f} s, safe_open keys {entry['safe_open_keys_s']:.3f} s "
+        log(
+            f"{count} tensors: mount {entry['mount_s']:.3f} s, safe_open keys {entry['safe_open_keys_s']:.3f} s "
             f"(command {entry['safe_open_command_s']:.3f} s), RssAnon {entry['rss_anon_bytes'] / MIB:.1f} MiB"
-            + (f", find {entry['find_s']:.2f} s ({files} files)" if finds else ""))
+            + (f", find {entry['find_s']:.2f} s ({files} files)" if finds else "")
+        )
     results["mount"] = entries
 
 
@@ -654,18 +715,31 @@ def table(results: dict[str, Any]) -> str:
             verdict = check("first_request_bytes", largest)
             if verdict == "MISSED" and largest == 1008 * 1024:
                 verdict = "1008 KiB: pipe cap"  # the most a 1 MiB pipe can splice (docs/benchmarks.md)
-            add("first: daemon reads", f"{daemon['reads']} x {daemon['mean_request_bytes'] / 1024:.0f} KiB mean "
-                f"(largest {largest // 1024} KiB)", "1 MiB requests", verdict)
+            add(
+                "first: daemon reads",
+                f"{daemon['reads']} x {daemon['mean_request_bytes'] / 1024:.0f} KiB mean "
+                f"(largest {largest // 1024} KiB)",
+                "1 MiB requests",
+                verdict,
+            )
     if "reread" in results:
         reread = results["reread"]
         add("reread dd (GB/s)", f"{reread['gb_per_s']:.2f}")
         add("reread / direct", f"{reread['ratio']:.2f}", ">= 0.6", check("reread_ratio", reread["ratio"]))
-        add("reread: daemon reads", str(reread["daemon_reads"]), "0",
-            check("reread_daemon_reads", reread["daemon_reads"]))
+        add(
+            "reread: daemon reads",
+            str(reread["daemon_reads"]),
+            "0",
+            check("reread_daemon_reads", reread["daemon_reads"]),
+        )
     if "copies" in results:
         copies = results["copies"]
-        add("copies: Cached growth / tensor", f"{copies['cached_growth']:.2f}", "<= 1.1",
-            check("copies_cached_growth", copies["cached_growth"]))
+        add(
+            "copies: Cached growth / tensor",
+            f"{copies['cached_growth']:.2f}",
+            "<= 1.1",
+            check("copies_cached_growth", copies["cached_growth"]),
+        )
         run = copies["runs"][len(copies["runs"]) // 2]
         ratios = ", ".join(f"{r['pss'] / MIB:.0f}/{r['rss'] / MIB:.0f} MiB" for r in run["readers"])
         add("copies: readers' Pss/Rss", ratios, "Pss ~ Rss/2")
@@ -684,21 +758,41 @@ def table(results: dict[str, Any]) -> str:
         add("python -c pass (s)", f"{results['python_startup_s']:.3f}")
     for count, entry in results.get("mount", {}).items():
         target = {"300": "<= 0.1 s", "100000": "<= 2 s"}.get(count, "")
-        add(f"mount {int(count):,} tensors (s)", f"{entry['mount_s']:.3f}", target, check(f"mount_{count}_s",
-                                                                                          entry["mount_s"]))
-        add("  safe_open keys: in-process / command (s)",
-            f"{entry['safe_open_keys_s']:.3f} / {entry['safe_open_command_s']:.3f}")
-        add("  mount / safe_open keys", f"{entry['vs_safe_open']:.1f}x (command: {entry['vs_safe_open_command']:.1f}x)",
-            "<= 3x" if count == "100000" else "", check(f"mount_{count}_vs_safe_open", entry["vs_safe_open"]))
+        add(
+            f"mount {int(count):,} tensors (s)",
+            f"{entry['mount_s']:.3f}",
+            target,
+            check(f"mount_{count}_s", entry["mount_s"]),
+        )
+        add(
+            "  safe_open keys: in-process / command (s)",
+            f"{entry['safe_open_keys_s']:.3f} / {entry['safe_open_command_s']:.3f}",
+        )
+        add(
+            "  mount / safe_open keys",
+            f"{entry['vs_safe_open']:.1f}x (command: {entry['vs_safe_open_command']:.1f}x)",
+            "<= 3x" if count == "100000" else "",
+            check(f"mount_{count}_vs_safe_open", entry["vs_safe_open"]),
+        )
         budget = entry["rss_anon_budget_bytes"]
-        add("  daemon RssAnon (MiB)", f"{entry['rss_anon_bytes'] / MIB:.1f}", f"<= {budget / MIB:.0f}",
-            "ok" if entry["rss_anon_bytes"] <= budget else "MISSED")
+        add(
+            "  daemon RssAnon (MiB)",
+            f"{entry['rss_anon_bytes'] / MIB:.1f}",
+            f"<= {budget / MIB:.0f}",
+            "ok" if entry["rss_anon_bytes"] <= budget else "MISSED",
+        )
         if "find_s" in entry:
-            add("  find -type f | wc -l (s)", f"{entry['find_s']:.2f} ({entry['find_files']} files)", "<= 3 s",
-                check(f"find_{count}_s", entry["find_s"]))
+            add(
+                "  find -type f | wc -l (s)",
+                f"{entry['find_s']:.2f} ({entry['find_files']} files)",
+                "<= 3 s",
+                check(f"find_{count}_s", entry["find_s"]),
+            )
             if "c_reference_find_s" in entry:
-                add(f"  C reference find, {entry['c_reference_find_folders']:,} folders (s)",
-                    f"{entry['c_reference_find_s']:.2f}")
+                add(
+                    f"  C reference find, {entry['c_reference_find_folders']:,} folders (s)",
+                    f"{entry['c_reference_find_s']:.2f}",
+                )
     widths = [max(len(row[i]) for row in rows + [("figure", "value", "target", "")]) for i in range(4)]
     lines = [" | ".join(text.ljust(widths[i]) for i, text in enumerate(("figure", "value", "target", ""))).rstrip()]
     lines.append("-+-".join("-" * width for width in widths))
@@ -716,21 +810,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--size-mib", type=int, default=512, help="size of the big tensor (>= 512 for the issue)")
     parser.add_argument("--preads", type=int, default=20_000, help="random 4 KiB preads in the latency section")
-    parser.add_argument("--tensors", type=lambda text: [int(x) for x in text.split(",")],
-                        default=[300, 10_000, 100_000], help="tensor counts of the mount section")
+    parser.add_argument(
+        "--tensors",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[300, 10_000, 100_000],
+        help="tensor counts of the mount section",
+    )
     parser.add_argument("--only", action="append", choices=sorted(SECTIONS), help="run only these sections")
     parser.add_argument("-o", dest="option", action="append", default=[], help="extra stfs mount -o options")
-    parser.add_argument("--mount-arg", action="append", default=[], metavar="ARG",
-                        help="extra stfs mount argument, e.g. --mount-arg=--threads")
+    parser.add_argument(
+        "--mount-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra stfs mount argument, e.g. --mount-arg=--threads",
+    )
     parser.add_argument("--clean", action="store_true", help="delete the generated models afterwards")
-    parser.add_argument("--no-c-reference", action="store_true",
-                        help="skip the C libfuse3 server (scripts/cref.c, built with gcc) measured alongside")
+    parser.add_argument(
+        "--no-c-reference",
+        action="store_true",
+        help="skip the C libfuse3 server (scripts/cref.c, built with gcc) measured alongside",
+    )
     args = parser.parse_args(argv)
     MOUNT_ARGS[:] = args.mount_arg
     os.makedirs(args.data, exist_ok=True)
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-                    "load_before": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "load_before": os.getloadavg(),
+        },
         "options": args.option,
         "mount_args": args.mount_arg,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -62,8 +62,10 @@ def main() -> int:
         show("hexdump -C -n 32 mnt/tensors/model/norm/weight")
         show("getfattr -d mnt/tensors/model/layers/0/mlp/up_proj/weight")
         show("jq -c '.[\"model.norm.weight\"]' mnt/header.json")
-        show("python3 -c \"import numpy as np; a = np.memmap('mnt/tensors/model/layers/1/mlp/up_proj/weight', "
-             "dtype=np.float32, mode='r', shape=(256, 64)); print(a.shape, float(a.sum()))\"")
+        show(
+            "python3 -c \"import numpy as np; a = np.memmap('mnt/tensors/model/layers/1/mlp/up_proj/weight', "
+            "dtype=np.float32, mode='r', shape=(256, 64)); print(a.shape, float(a.sum()))\""
+        )
         show("du -sh --apparent-size mnt/tensors; df -h mnt | tail -1")
     finally:
         show("stfs unmount mnt")

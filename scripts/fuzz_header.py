@@ -45,8 +45,31 @@ else:
 
 DTYPES = list(format.DTYPE_BITS)
 ODD_NAMES = [
-    "", ".", "..", "a..b", ".a", "a.", "/", "a/b", "%", "%25", "\x00", "a\x00b", "\ud800", "\udfff", "é", "e\u0301",
-    "\u202e", "\ufeff", "🦀", "a.b", "a.b.c", "__metadata__", "x" * 300, "é" * 200, ".." * 200,
+    "",
+    ".",
+    "..",
+    "a..b",
+    ".a",
+    "a.",
+    "/",
+    "a/b",
+    "%",
+    "%25",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "\udfff",
+    "é",
+    "e\u0301",
+    "\u202e",
+    "\ufeff",
+    "🦀",
+    "a.b",
+    "a.b.c",
+    "__metadata__",
+    "x" * 300,
+    "é" * 200,
+    ".." * 200,
 ]
 HUGE = [0, 1, 2**31, 2**32, 2**53 + 1, 2**63, 2**64 - 1, 2**64, 2**128, 10**400]
 
@@ -129,8 +152,10 @@ def _built_header(fdp: atheris.FuzzedDataProvider) -> tuple[bytes, int]:
         document[_name(fdp)] = info if fdp.ConsumeIntInRange(0, 15) else _number(fdp)
         position = end if type(end) is int and end >= 0 else position
     if fdp.ConsumeBool():
-        document["__metadata__"] = {_name(fdp): (_name(fdp) if fdp.ConsumeIntInRange(0, 7) else _number(fdp))
-                                    for _ in range(fdp.ConsumeIntInRange(0, 3))}
+        document["__metadata__"] = {
+            _name(fdp): (_name(fdp) if fdp.ConsumeIntInRange(0, 7) else _number(fdp))
+            for _ in range(fdp.ConsumeIntInRange(0, 3))
+        }
     raw = json.dumps(document, ensure_ascii=fdp.ConsumeBool()).encode("utf-8", "surrogatepass")
     raw += b" " * fdp.ConsumeIntInRange(0, 9)
     data_size = position + fdp.PickValueInList([0, 0, 0, 1, -1])
@@ -173,9 +198,22 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
     weight_map: dict[str, str] = {}
     shard_names = [f"model-{i:05d}.safetensors" for i in range(fdp.ConsumeIntInRange(0, 3))]
     if fdp.ConsumeIntInRange(0, 3) == 0:
-        shard_names.append(fdp.PickValueInList(
-            ["../x.safetensors", "/etc/passwd", "", ".", "sub/../a.safetensors", "a\x00b", "./model-00000.safetensors",
-             "sub\\..\\x", "model.safetensors.index.json", "é.safetensors"]))
+        shard_names.append(
+            fdp.PickValueInList(
+                [
+                    "../x.safetensors",
+                    "/etc/passwd",
+                    "",
+                    ".",
+                    "sub/../a.safetensors",
+                    "a\x00b",
+                    "./model-00000.safetensors",
+                    "sub\\..\\x",
+                    "model.safetensors.index.json",
+                    "é.safetensors",
+                ]
+            )
+        )
     for shard in shard_names:
         raw, size = _built_header(fdp)
         path = os.path.join(folder, shard)
@@ -313,18 +351,27 @@ def line_coverage(corpora: list[str], scratch: str) -> None:
         executable = _body_lines(filename)
         ran = {line for (name, line) in counts if name == filename} & executable
         share = 100 * len(ran) / len(executable)
-        print(f"{os.path.relpath(filename)}: {len(ran)}/{len(executable)} function lines ({share:.0f}%); "
-              f"not run: {sorted(executable - ran)}")
+        print(
+            f"{os.path.relpath(filename)}: {len(ran)}/{len(executable)} function lines ({share:.0f}%); "
+            f"not run: {sorted(executable - ran)}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=True)
     parser.add_argument("--crash-dir", default="/work/rel-data/fuzz-crashes")
-    parser.add_argument("--scratch", default=os.path.join(tempfile.gettempdir(), f"stfs-fuzz-{os.getuid()}"),
-                        help="folder for the files each input writes (emptied at start)")
+    parser.add_argument(
+        "--scratch",
+        default=os.path.join(tempfile.gettempdir(), f"stfs-fuzz-{os.getuid()}"),
+        help="folder for the files each input writes (emptied at start)",
+    )
     parser.add_argument("--replay", nargs="+", metavar="INPUT", help="run saved inputs once, raising on a crash")
-    parser.add_argument("--line-coverage", nargs="+", metavar="CORPUS",
-                        help="replay every input of the corpus folders and report the stfs lines they run")
+    parser.add_argument(
+        "--line-coverage",
+        nargs="+",
+        metavar="CORPUS",
+        help="replay every input of the corpus folders and report the stfs lines they run",
+    )
     args, libfuzzer_args = parser.parse_known_args()
     sys.setrecursionlimit(1000)
     # libFuzzer ends the process with exit(), so no `finally` runs: one fixed folder, emptied at each start

@@ -107,15 +107,15 @@ def targets_of(mountpoint: str) -> list[Target]:
     for folder, _, names in os.walk(os.path.join(mountpoint, "tensors")):
         for name in names:
             path = os.path.join(folder, name)
-            found.append(Target(
-                path=path,
-                source=os.getxattr(path, "user.safetensors.file").decode(),
-                offset=int(os.getxattr(path, "user.safetensors.offset")),
-                size=os.stat(path).st_size,
-            ))
+            found.append(
+                Target(
+                    path=path,
+                    source=os.getxattr(path, "user.safetensors.file").decode(),
+                    offset=int(os.getxattr(path, "user.safetensors.offset")),
+                    size=os.stat(path).st_size,
+                )
+            )
     return sorted(found, key=lambda t: t.path)
-
-
 
 
 def memory(pid: int) -> dict[str, int]:
@@ -256,8 +256,10 @@ def soak(args: argparse.Namespace) -> dict:
         # processes first: fork before this process has any thread
         context = multiprocessing.get_context("fork")
         queue: multiprocessing.Queue = context.Queue()
-        processes = [context.Process(target=_process_reader, args=(targets, deadline, 1000 + i, queue))
-                     for i in range(args.processes)]
+        processes = [
+            context.Process(target=_process_reader, args=(targets, deadline, 1000 + i, queue))
+            for i in range(args.processes)
+        ]
         for process in processes:
             process.start()
         readers = [Reader(targets, deadline, i) for i in range(args.threads)]
@@ -281,15 +283,23 @@ def soak(args: argparse.Namespace) -> dict:
             totals.add(Stats(**queue.get(timeout=120)))
         for process in processes:
             process.join(timeout=60)
-        report.update({
-            "duration_s": round(time.monotonic() - start, 1),
-            "readers": {"threads": args.threads, "processes": args.processes},
-            "reads": totals.reads, "bytes": totals.bytes, "preads": totals.preads,
-            "sequential_reads": totals.sequential, "mmap_page_fault_reads": totals.page_faults,
-            "errors": totals.errors, "error_messages": totals.messages,
-            "memory_after_warmup": warm or timeline[0], "memory_at_end": memory(pid), "timeline": timeline,
-            "mounted_at_end": os.path.ismount(mountpoint),
-        })
+        report.update(
+            {
+                "duration_s": round(time.monotonic() - start, 1),
+                "readers": {"threads": args.threads, "processes": args.processes},
+                "reads": totals.reads,
+                "bytes": totals.bytes,
+                "preads": totals.preads,
+                "sequential_reads": totals.sequential,
+                "mmap_page_fault_reads": totals.page_faults,
+                "errors": totals.errors,
+                "error_messages": totals.messages,
+                "memory_after_warmup": warm or timeline[0],
+                "memory_at_end": memory(pid),
+                "timeline": timeline,
+                "mounted_at_end": os.path.ismount(mountpoint),
+            }
+        )
         base = report["memory_after_warmup"]["VmRSS"]
         report["rss_growth_after_warmup"] = round(report["memory_at_end"]["VmRSS"] / base - 1, 4)
         at_mount = report["memory_at_mount"]["VmRSS"]

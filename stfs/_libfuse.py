@@ -44,8 +44,19 @@ __all__ = ["ENOATTR", "STAT_FIELDS", "FuseOSError", "Operations", "StfsFUSE", "r
 
 log = logging.getLogger(__name__)
 
-STAT_FIELDS = ("st_mode", "st_ino", "st_nlink", "st_size", "st_blocks", "st_blksize", "st_uid", "st_gid",
-               "st_mtime", "st_ctime", "st_atime")
+STAT_FIELDS = (
+    "st_mode",
+    "st_ino",
+    "st_nlink",
+    "st_size",
+    "st_blocks",
+    "st_blksize",
+    "st_uid",
+    "st_gid",
+    "st_mtime",
+    "st_ctime",
+    "st_atime",
+)
 # fuse_common.h: FUSE_CAP_SPLICE_WRITE, FUSE_BUF_IS_FD; fuse.h: FUSE_FILL_DIR_PLUS.
 FUSE_CAP_SPLICE_WRITE = 1 << 7
 FUSE_BUF_IS_FD = 1 << 1
@@ -277,8 +288,9 @@ class StfsFUSE(mfusepy.FUSE):
         memory = _malloc(count)
         try:
             if count:
-                count = operations.fill(node, memoryview((ctypes.c_char * count).from_address(memory)).cast("B"),
-                                        offset)
+                count = operations.fill(
+                    node, memoryview((ctypes.c_char * count).from_address(memory)).cast("B"), offset
+                )
         except BaseException:
             _libc.free(memory)
             raise

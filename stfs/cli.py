@@ -22,8 +22,12 @@ EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
     parser.add_argument("--version", action="version", version=f"stfs {__version__}")
     # A subcommand's own default would overwrite ``stfs --debug COMMAND``'s True: only the top level has one.
-    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
-                        help="show tracebacks and debug logs")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="show tracebacks and debug logs",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,19 +40,41 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("source", metavar="SOURCE", help="x.safetensors, x.safetensors.index.json or a folder")
     mount.add_argument("mountpoint", metavar="MNT", help="an existing empty folder")
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
-    mount.add_argument("-o", dest="options", action="append", default=[], metavar="OPT,...", type=_checked_options,
-                       help="mount options: FUSE's (e.g. allow_other) and stfs's own as NAME=VALUE "
-                            "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache)")
-    mount.add_argument("--layout", choices=("nested", "flat"), default="nested",
-                       help="tensors/ as folders split at dots (nested, default) or one file per name (flat)")
+    mount.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPT,...",
+        type=_checked_options,
+        help="mount options: FUSE's (e.g. allow_other) and stfs's own as NAME=VALUE "
+        "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache)",
+    )
+    mount.add_argument(
+        "--layout",
+        choices=("nested", "flat"),
+        default="nested",
+        help="tensors/ as folders split at dots (nested, default) or one file per name (flat)",
+    )
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
-    mount.add_argument("--max-open-files", type=positive_int, default=DEFAULT_MAX_OPEN_FILES, metavar="N",
-                       help=f"source files kept open at once (default {DEFAULT_MAX_OPEN_FILES})")
-    mount.add_argument("--threads", action="store_true",
-                       help="serve requests with libfuse's thread pool (default: one thread, faster under the GIL)")
-    mount.add_argument("--keep-source-cache", action="store_true",
-                       help="keep the source's page cache; by default pages served into the mount's own cache "
-                            "are dropped from the source's, so each page is in RAM once")
+    mount.add_argument(
+        "--max-open-files",
+        type=positive_int,
+        default=DEFAULT_MAX_OPEN_FILES,
+        metavar="N",
+        help=f"source files kept open at once (default {DEFAULT_MAX_OPEN_FILES})",
+    )
+    mount.add_argument(
+        "--threads",
+        action="store_true",
+        help="serve requests with libfuse's thread pool (default: one thread, faster under the GIL)",
+    )
+    mount.add_argument(
+        "--keep-source-cache",
+        action="store_true",
+        help="keep the source's page cache; by default pages served into the mount's own cache "
+        "are dropped from the source's, so each page is in RAM once",
+    )
 
     unmount = commands.add_parser("unmount", help="unmount, also a mount whose daemon died")
     _common(unmount)
@@ -84,8 +110,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     for warning in options.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
     check_allow_other(options.fuse, os.getuid(), fuse_conf_path())
-    source, key = open_source(args.source, max_open_files=args.max_open_files, threads=args.threads,
-                              keep_source_cache=args.keep_source_cache)
+    source, key = open_source(
+        args.source, max_open_files=args.max_open_files, threads=args.threads, keep_source_cache=args.keep_source_cache
+    )
     plan = plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=args.threads)
     for warning in plan.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)

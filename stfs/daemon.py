@@ -61,8 +61,14 @@ def parse_options(text_options: list[str]) -> dict[str, object]:
     return options
 
 
-def plan_mount(source: ByteSource, key: str, mountpoint: str, layout: str = "nested",
-               options: list[str] | None = None, threads: bool = False) -> MountPlan:
+def plan_mount(
+    source: ByteSource,
+    key: str,
+    mountpoint: str,
+    layout: str = "nested",
+    options: list[str] | None = None,
+    threads: bool = False,
+) -> MountPlan:
     """Validate the models ``key`` names in ``source``, and MOUNTPOINT, and build the tree; raise ``StfsError``
     on any problem. ``threads`` serves with libfuse's thread pool instead of one thread."""
     mountpoint = os.path.abspath(mountpoint)
@@ -140,8 +146,9 @@ def _serve(plan: MountPlan, then: Callable[[], None], debug: bool = False) -> No
     # The largest read request whose reply can be spliced here; the kernel asks for no more than max_read.
     options.setdefault("max_read", request_size())
     readahead_kb = max(128, int(options["max_read"]) // 1024)  # type: ignore[call-overload]
-    operations = StfsOperations(plan.tree, plan.files,
-                                on_ready=lambda: _after_init(plan.mountpoint, readahead_kb, then))
+    operations = StfsOperations(
+        plan.tree, plan.files, on_ready=lambda: _after_init(plan.mountpoint, readahead_kb, then)
+    )
     serve(operations, plan.mountpoint, foreground=True, debug=debug, **options)
 
 
@@ -302,8 +309,13 @@ def _fusermount() -> str:
 
 
 @contextlib.contextmanager
-def mounted(source: str, mountpoint: str, layout: str = "nested", options: list[str] | None = None,
-            timeout: float = READY_TIMEOUT) -> Iterator[str]:
+def mounted(
+    source: str,
+    mountpoint: str,
+    layout: str = "nested",
+    options: list[str] | None = None,
+    timeout: float = READY_TIMEOUT,
+) -> Iterator[str]:
     """Mount SOURCE at MOUNTPOINT in a child process for the ``with`` block; always unmount after it."""
     command = [sys.executable, "-m", "stfs", "mount", source, mountpoint, "-f", "--layout", layout]
     for option in options or []:

@@ -237,8 +237,9 @@ def _json(text: str, hook: Any) -> Any:
     # _parse_int costs a Python call per integer, so it is used only when an integer might need it.
     careful = "-0" in text or not _INT_DIGITS_LIMITED
     try:
-        return json.loads(text, object_pairs_hook=hook, parse_constant=_reject_constant,
-                          parse_int=_parse_int if careful else None)
+        return json.loads(
+            text, object_pairs_hook=hook, parse_constant=_reject_constant, parse_int=_parse_int if careful else None
+        )
     except ValueError as exc:
         if careful or "integer string conversion" not in str(exc):
             raise
@@ -345,9 +346,7 @@ def _check_tensor(name: str, info: Any, path: str, shapes: dict[tuple[int, ...],
             )
     offsets = info.get("data_offsets")
     if type(offsets) is not list or len(offsets) != 2 or not (_is_u64(offsets[0]) and _is_u64(offsets[1])):
-        raise errors.MalformedTensorInfo(
-            path, f"data_offsets {_short(offsets)} is not two non-negative integers", name
-        )
+        raise errors.MalformedTensorInfo(path, f"data_offsets {_short(offsets)} is not two non-negative integers", name)
     begin, end = offsets
 
     elements = 1

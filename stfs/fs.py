@@ -85,12 +85,34 @@ class StfsOperations(Operations):
     def stat(self, node: Node) -> tuple[int, ...]:
         """The values of ``STAT_FIELDS`` for ``node`` (``StfsFUSE`` packs them straight into a struct stat)."""
         if isinstance(node, DirNode):
-            return (DIR_MODE, node.inode, 2, 0, 0, PAGE, self._uid, self._gid,
-                    node.mtime_ns, node.mtime_ns, node.mtime_ns)
+            return (
+                DIR_MODE,
+                node.inode,
+                2,
+                0,
+                0,
+                PAGE,
+                self._uid,
+                self._gid,
+                node.mtime_ns,
+                node.mtime_ns,
+                node.mtime_ns,
+            )
         size = node.size
         # st_blocks counts 512-byte units whatever the block size
-        return (FILE_MODE, node.inode, 1, size, (size + 511) // 512, PAGE, self._uid, self._gid,
-                node.mtime_ns, node.mtime_ns, node.mtime_ns)
+        return (
+            FILE_MODE,
+            node.inode,
+            1,
+            size,
+            (size + 511) // 512,
+            PAGE,
+            self._uid,
+            self._gid,
+            node.mtime_ns,
+            node.mtime_ns,
+            node.mtime_ns,
+        )
 
     @eio_on_surprise
     def entries(self, path: str) -> list[tuple[str, Node]]:
@@ -127,8 +149,14 @@ class StfsOperations(Operations):
         source under a busy reader would otherwise fill the log)."""
         level = logging.DEBUG if key in self._failed_sources else logging.ERROR
         self._failed_sources.add(key)
-        log.log(level, "read of %s at %d failed: %s (further failures of it are logged at debug level)",
-                key, offset, exc, exc_info=not isinstance(exc, OSError))
+        log.log(
+            level,
+            "read of %s at %d failed: %s (further failures of it are logged at debug level)",
+            key,
+            offset,
+            exc,
+            exc_info=not isinstance(exc, OSError),
+        )
         return FuseOSError(errno.EIO)
 
     # -- mfusepy's callbacks, over the core ---------------------------------------------------------------------

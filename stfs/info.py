@@ -102,8 +102,10 @@ def _basename(path: str) -> str:
 
 def _columns(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(_align(cell, w, i in right) for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-            for row in rows]
+    return [
+        "  ".join(_align(cell, w, i in right) for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+        for row in rows
+    ]
 
 
 def _align(cell: str, width: int, right: bool) -> str:

@@ -286,9 +286,11 @@ def _load_sharded(source: ByteSource, model_source: ModelSource) -> Model:
     for name, shard_name in weight_map.items():
         if name not in owner or _shard_path(index, owner[name]) != _shard_path(index, shard_name):
             where = f"; it is in {owner[name]!r}" if name in owner else ""
-            problems.append(errors.TensorNotInShard(
-                f"{index}: tensor {name!r} is mapped to shard {shard_name!r}, which lacks it{where}"
-            ))
+            problems.append(
+                errors.TensorNotInShard(
+                    f"{index}: tensor {name!r} is mapped to shard {shard_name!r}, which lacks it{where}"
+                )
+            )
     if problems:
         raise errors.InvalidModel(problems)
 

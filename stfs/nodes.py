@@ -48,8 +48,15 @@ class FileNode:
 
     __slots__ = ("inode", "mtime_ns", "size", "segments", "tensor", "view")
 
-    def __init__(self, inode: int, mtime_ns: int, segments: Segments, tensor: TensorEntry | None = None,
-                 view: str | None = None, size: int | None = None) -> None:
+    def __init__(
+        self,
+        inode: int,
+        mtime_ns: int,
+        segments: Segments,
+        tensor: TensorEntry | None = None,
+        view: str | None = None,
+        size: int | None = None,
+    ) -> None:
         self.inode = inode
         self.mtime_ns = mtime_ns
         self.segments = segments

@@ -63,12 +63,45 @@ SETTINGS: dict[str, Setting] = {
 
 # What mount(8) and mount.fuse3 put in the list for any filesystem. stfs files are 0444 and never change, so none
 # of these changes a thing; dropping dev/suid keeps libfuse's nodev,nosuid.
-IGNORED = frozenset({
-    "defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group", "nofail", "_netdev",
-    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "async", "sync", "dirsync",
-    "atime", "noatime", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime", "nolazytime",
-    "diratime", "nodiratime", "iversion", "noiversion", "mand", "nomand", "silent", "loud",
-})
+IGNORED = frozenset(
+    {
+        "defaults",
+        "auto",
+        "noauto",
+        "user",
+        "users",
+        "nouser",
+        "owner",
+        "group",
+        "nofail",
+        "_netdev",
+        "dev",
+        "nodev",
+        "suid",
+        "nosuid",
+        "exec",
+        "noexec",
+        "async",
+        "sync",
+        "dirsync",
+        "atime",
+        "noatime",
+        "relatime",
+        "norelatime",
+        "strictatime",
+        "nostrictatime",
+        "lazytime",
+        "nolazytime",
+        "diratime",
+        "nodiratime",
+        "iversion",
+        "noiversion",
+        "mand",
+        "nomand",
+        "silent",
+        "loud",
+    }
+)
 IGNORED_PREFIXES = ("x-", "comment=")  # x-systemd.automount, x-gvfs-show, comment=...: for userspace, by definition
 READ_ONLY_WARNING = "-o rw: stfs mounts are read-only; mounting read-only"
 
@@ -112,4 +145,3 @@ def sort_options(texts: Iterable[str], settings: Mapping[str, Setting] = SETTING
         else:
             result.fuse.append(item)
     return result
-

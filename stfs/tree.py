@@ -71,8 +71,7 @@ _SHORT = NAME_MAX // 4  # a component of this many characters is at most NAME_MA
 def _plain(name: str) -> bool:
     """No character to escape and no dot that would not split (leading, trailing, doubled)."""
     return not (
-        not name or "%" in name or "/" in name or "\x00" in name or ".." in name
-        or name[0] == "." or name[-1] == "."
+        not name or "%" in name or "/" in name or "\x00" in name or ".." in name or name[0] == "." or name[-1] == "."
     )
 
 
@@ -121,8 +120,9 @@ class Tree:
             return None
         return list(node.children)
 
-    def new_file(self, mtime_ns: int, segments: Segments, tensor: TensorEntry | None = None,
-                 view: str | None = None) -> FileNode:
+    def new_file(
+        self, mtime_ns: int, segments: Segments, tensor: TensorEntry | None = None, view: str | None = None
+    ) -> FileNode:
         """A file made of ``segments``, not yet placed; ``tensor`` for a tensor's file (its xattrs)."""
         return FileNode(self._take_inode(), mtime_ns, segments, tensor, view)
 
@@ -151,8 +151,9 @@ class Tree:
         self.file_count += 1
         return node
 
-    def add_named_files(self, folder: DirNode, layout: str, files: Iterable[tuple[str, FileNode]],
-                        suffix: str = "") -> None:
+    def add_named_files(
+        self, folder: DirNode, layout: str, files: Iterable[tuple[str, FileNode]], suffix: str = ""
+    ) -> None:
         """Place each ``(name, node)`` below ``folder`` at the path of tensor ``name`` under ``layout``.
 
         ``suffix`` ends each file name (``.npy``). A name whose path is also a folder (``a.b`` next to

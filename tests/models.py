@@ -76,9 +76,14 @@ def write_header(path: str, header: Any, data: bytes = b"", length: int | None =
     return path
 
 
-def write_sharded(folder: str, shards: dict[str, dict[str, np.ndarray]], weight_map: dict[str, str] | None = None,
-                  index_name: str = "model.safetensors.index.json", total_size: int | None = None,
-                  metadata: dict[str, dict[str, str]] | None = None) -> str:
+def write_sharded(
+    folder: str,
+    shards: dict[str, dict[str, np.ndarray]],
+    weight_map: dict[str, str] | None = None,
+    index_name: str = "model.safetensors.index.json",
+    total_size: int | None = None,
+    metadata: dict[str, dict[str, str]] | None = None,
+) -> str:
     """A sharded set: each shard written by safetensors, an index mapping every tensor to its shard."""
     os.makedirs(folder, exist_ok=True)
     computed_map: dict[str, str] = {}

@@ -33,8 +33,10 @@ def valid_file(tmp_path: Path, name: str = "good.safetensors") -> str:
 
 
 def broken_file(tmp_path: Path, name: str = "bad.safetensors") -> str:
-    header = {"ok": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
-              "layers.0.bad": {"dtype": "F33", "shape": [1], "data_offsets": [1, 5]}}
+    header = {
+        "ok": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+        "layers.0.bad": {"dtype": "F33", "shape": [1], "data_offsets": [1, 5]},
+    }
     return write_header(str(tmp_path / name), header, data=b"\0" * 5)
 
 
@@ -117,8 +119,17 @@ def test_check_reports_warnings_and_passes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["check"], ["info"], ["bogus"], ["check", "--bogus", "x"], ["info", "--json"], ["mount", "only-source"],
-     ["unmount"], ["mount", "a", "b", "--layout", "sideways"]],
+    [
+        [],
+        ["check"],
+        ["info"],
+        ["bogus"],
+        ["check", "--bogus", "x"],
+        ["info", "--json"],
+        ["mount", "only-source"],
+        ["unmount"],
+        ["mount", "a", "b", "--layout", "sideways"],
+    ],
 )
 def test_usage_errors_exit_2(argv: list[str]) -> None:
     result = stfs_run(*argv)
@@ -159,8 +170,9 @@ def test_missing_source(tmp_path: Path, command: str) -> None:
     result = stfs_run(command, missing)
     assert result.returncode == 1
     where = result.stderr if command == "info" else result.stdout
-    assert lines(where) == [f"stfs: {missing}: no such file or directory" if command == "info"
-                            else f"{missing}: no such file or directory"]
+    assert lines(where) == [
+        f"stfs: {missing}: no such file or directory" if command == "info" else f"{missing}: no such file or directory"
+    ]
     assert "Traceback" not in result.stderr + result.stdout
 
 
@@ -198,9 +210,11 @@ def test_debug_shows_a_traceback(tmp_path: Path, argv: list[str]) -> None:
 
 def test_non_fuse_commands_need_no_fuse_library(tmp_path: Path) -> None:
     path = valid_file(tmp_path)
-    code = ("import sys; sys.modules['mfusepy'] = None; sys.modules['fuse'] = None\n"
-            "from stfs.cli import main\n"
-            f"sys.exit(main(['check', {path!r}]) + main(['info', '--json', {path!r}]))")
+    code = (
+        "import sys; sys.modules['mfusepy'] = None; sys.modules['fuse'] = None\n"
+        "from stfs.cli import main\n"
+        f"sys.exit(main(['check', {path!r}]) + main(['info', '--json', {path!r}]))"
+    )
     result = run([sys.executable, "-c", code])
     assert result.returncode == 0, result.stderr
     assert "ok (" in result.stdout
@@ -271,15 +285,19 @@ def test_info_json(tmp_path: Path) -> None:
     }
     assert model["dtypes"]["BOOL"] == {"tensors": 1, "parameters": 11, "bytes": 11}
     assert list(model["dtypes"]) == sorted(model["dtypes"])
-    totals = {"tensors": len(arrays), "parameters": sum(a.size for a in arrays.values()),
-              "bytes": sum(a.nbytes for a in arrays.values())}
+    totals = {
+        "tensors": len(arrays),
+        "parameters": sum(a.size for a in arrays.values()),
+        "bytes": sum(a.nbytes for a in arrays.values()),
+    }
     assert model["totals"] == totals
     assert report["totals"] == totals
 
 
 def test_info_json_of_several_sources(tmp_path: Path) -> None:
-    bf16 = write_raw(str(tmp_path / "bf16.safetensors"),
-                     {"w": ("BF16", [3, 5], bytes(30)), "v": ("BF16", [2], bytes(4))})
+    bf16 = write_raw(
+        str(tmp_path / "bf16.safetensors"), {"w": ("BF16", [3, 5], bytes(30)), "v": ("BF16", [2], bytes(4))}
+    )
     index = write_sharded(str(tmp_path / "set"), sharded_arrays())
     report = info_json(bf16, index)
     first, second = report["models"]
@@ -299,19 +317,28 @@ def test_info_json_of_several_sources(tmp_path: Path) -> None:
 
 
 def test_info_table(tmp_path: Path) -> None:
-    path = write_numpy(str(tmp_path / "t.safetensors"), {
-        "model.embed_tokens.weight": np.zeros((1000, 16), np.float32),
-        "model.norm.weight": np.zeros(16, np.float16),
-        "scalar": np.zeros((), np.int64),
-    })
+    path = write_numpy(
+        str(tmp_path / "t.safetensors"),
+        {
+            "model.embed_tokens.weight": np.zeros((1000, 16), np.float32),
+            "model.norm.weight": np.zeros(16, np.float16),
+            "scalar": np.zeros((), np.int64),
+        },
+    )
     result = stfs_run("info", path)
     assert result.returncode == 0, result.stderr
     out = lines(result.stdout)
     assert out[0] == f"== {path}"
     assert out[1].split() == ["name", "dtype", "shape", "params", "file"]
     rows = {line.split()[0]: line for line in out[2:5]}
-    assert rows["model.embed_tokens.weight"].split() == ["model.embed_tokens.weight", "F32", "[1000,", "16]", "16,000",
-                                                         "t.safetensors"]
+    assert rows["model.embed_tokens.weight"].split() == [
+        "model.embed_tokens.weight",
+        "F32",
+        "[1000,",
+        "16]",
+        "16,000",
+        "t.safetensors",
+    ]
     assert rows["model.norm.weight"].split() == ["model.norm.weight", "F16", "[16]", "16", "t.safetensors"]
     assert rows["scalar"].split() == ["scalar", "I64", "[]", "1", "t.safetensors"]
     # the params column is right-aligned: every row's params end in the same column
@@ -406,20 +433,22 @@ def qwen2_shapes() -> dict[str, list[int]]:
     shapes = {"model.embed_tokens.weight": [QWEN_VOCAB, QWEN_HIDDEN]}
     for i in range(QWEN_LAYERS):
         layer = f"model.layers.{i}"
-        shapes.update({
-            f"{layer}.input_layernorm.weight": [QWEN_HIDDEN],
-            f"{layer}.self_attn.q_proj.weight": [QWEN_HIDDEN, QWEN_HIDDEN],
-            f"{layer}.self_attn.q_proj.bias": [QWEN_HIDDEN],
-            f"{layer}.self_attn.k_proj.weight": [QWEN_KV, QWEN_HIDDEN],
-            f"{layer}.self_attn.k_proj.bias": [QWEN_KV],
-            f"{layer}.self_attn.v_proj.weight": [QWEN_KV, QWEN_HIDDEN],
-            f"{layer}.self_attn.v_proj.bias": [QWEN_KV],
-            f"{layer}.self_attn.o_proj.weight": [QWEN_HIDDEN, QWEN_HIDDEN],
-            f"{layer}.post_attention_layernorm.weight": [QWEN_HIDDEN],
-            f"{layer}.mlp.gate_proj.weight": [QWEN_INTERMEDIATE, QWEN_HIDDEN],
-            f"{layer}.mlp.up_proj.weight": [QWEN_INTERMEDIATE, QWEN_HIDDEN],
-            f"{layer}.mlp.down_proj.weight": [QWEN_HIDDEN, QWEN_INTERMEDIATE],
-        })
+        shapes.update(
+            {
+                f"{layer}.input_layernorm.weight": [QWEN_HIDDEN],
+                f"{layer}.self_attn.q_proj.weight": [QWEN_HIDDEN, QWEN_HIDDEN],
+                f"{layer}.self_attn.q_proj.bias": [QWEN_HIDDEN],
+                f"{layer}.self_attn.k_proj.weight": [QWEN_KV, QWEN_HIDDEN],
+                f"{layer}.self_attn.k_proj.bias": [QWEN_KV],
+                f"{layer}.self_attn.v_proj.weight": [QWEN_KV, QWEN_HIDDEN],
+                f"{layer}.self_attn.v_proj.bias": [QWEN_KV],
+                f"{layer}.self_attn.o_proj.weight": [QWEN_HIDDEN, QWEN_HIDDEN],
+                f"{layer}.post_attention_layernorm.weight": [QWEN_HIDDEN],
+                f"{layer}.mlp.gate_proj.weight": [QWEN_INTERMEDIATE, QWEN_HIDDEN],
+                f"{layer}.mlp.up_proj.weight": [QWEN_INTERMEDIATE, QWEN_HIDDEN],
+                f"{layer}.mlp.down_proj.weight": [QWEN_HIDDEN, QWEN_INTERMEDIATE],
+            }
+        )
     shapes["model.norm.weight"] = [QWEN_HIDDEN]  # tied embeddings: no lm_head
     return shapes
 

@@ -1,4 +1,4 @@
-"""Faults under load (README.md, "Choices where the contract is silent"): sources truncated, rewritten, replaced or deleted under readers; the daemon killed.
+"""Faults under load: sources truncated, rewritten, replaced or deleted under readers; the daemon killed.
 
 The rule every test holds: a read returns the mounted bytes or fails (EIO, or ENOTCONN once the daemon is gone);
 it never returns other bytes as the tensor's, never hangs, and the daemon survives anything done to its sources.
@@ -156,11 +156,15 @@ def _rewritten(path: str) -> None:
     """Rewrite ``path`` in place (same inode) as a different model: new header, inverted bytes everywhere."""
     rng = np.random.default_rng(99)
     tmp = path + ".new"
-    write_numpy(tmp, {
-        "big": rng.integers(0, 256, 4 * MIB, dtype=np.uint8),
-        "tail": rng.integers(0, 256, MIB, dtype=np.uint8),
-        "small": np.arange(10, dtype=np.int16) + 1,
-    }, metadata={"v": "2, rewritten"})
+    write_numpy(
+        tmp,
+        {
+            "big": rng.integers(0, 256, 4 * MIB, dtype=np.uint8),
+            "tail": rng.integers(0, 256, MIB, dtype=np.uint8),
+            "small": np.arange(10, dtype=np.int16) + 1,
+        },
+        metadata={"v": "2, rewritten"},
+    )
     with open(tmp, "rb") as stream:
         data = stream.read()
     os.unlink(tmp)
@@ -274,13 +278,15 @@ def test_a_shard_never_opened_before_deletion_gives_eio(mount: MountFn, tmp_path
 
 # -- the read path itself, without FUSE: races made deterministic -------------------------------------------------
 
+
 def _local_files(path: str) -> tuple[LocalFiles, int]:
     header = read_header(path)
     return LocalFiles({path: Expectation.of(header)}), header.data_start
 
 
-def test_a_rewrite_landing_during_a_read_fails_that_read(tmp_path: os.PathLike,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rewrite_landing_during_a_read_fails_that_read(
+    tmp_path: os.PathLike, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The check before a read cannot see a rewrite that lands between it and the pread; the check after can."""
     path = write_numpy(os.path.join(str(tmp_path), "m.safetensors"), {"w": np.zeros(4096, np.uint8)})
     files, data_start = _local_files(path)
@@ -305,8 +311,9 @@ def test_a_rewrite_landing_during_a_read_fails_that_read(tmp_path: os.PathLike,
     files.close()
 
 
-def test_a_failed_header_check_does_not_leak_the_descriptor(tmp_path: os.PathLike,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_header_check_does_not_leak_the_descriptor(
+    tmp_path: os.PathLike, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_numpy(os.path.join(str(tmp_path), "m.safetensors"), {"w": np.zeros(16, np.uint8)})
     files, data_start = _local_files(path)
     before = len(os.listdir("/proc/self/fd"))
@@ -325,7 +332,6 @@ def test_a_failed_header_check_does_not_leak_the_descriptor(tmp_path: os.PathLik
 
 
 # -- the daemon killed under readers -----------------------------------------------------------------------------
-
 
 
 def _alive(pid: int) -> bool:
@@ -364,8 +370,9 @@ def background_mount(source: str, mountpoint: str, *options: str) -> Iterator[in
 def unmount_for_good(mountpoint: str) -> None:
     for lazy in ([], ["--lazy"]):
         if os.path.ismount(mountpoint) or is_dead_mount(mountpoint):
-            subprocess.run([sys.executable, "-m", "stfs", "unmount", *lazy, mountpoint], capture_output=True,
-                           timeout=60)
+            subprocess.run(
+                [sys.executable, "-m", "stfs", "unmount", *lazy, mountpoint], capture_output=True, timeout=60
+            )
 
 
 READER = textwrap.dedent("""
@@ -389,8 +396,12 @@ READER = textwrap.dedent("""
 
 def _start_readers(path: str, count: int) -> list[subprocess.Popen]:
     readers = [
-        subprocess.Popen([sys.executable, "-c", READER, path, str(os.path.getsize(path))],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", READER, path, str(os.path.getsize(path))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(count)
     ]
     for reader in readers:
@@ -418,8 +429,10 @@ def _finish_readers(readers: list[subprocess.Popen]) -> list[str]:
 @pytest.fixture
 def big_model(tmp_path: os.PathLike) -> str:
     rng = np.random.default_rng(11)
-    return write_numpy(os.path.join(str(tmp_path), "big.safetensors"),
-                       {"w": rng.integers(0, 256, 8 * MIB, dtype=np.uint8), "b": np.arange(100, dtype=np.float32)})
+    return write_numpy(
+        os.path.join(str(tmp_path), "big.safetensors"),
+        {"w": rng.integers(0, 256, 8 * MIB, dtype=np.uint8), "b": np.arange(100, dtype=np.float32)},
+    )
 
 
 def _remount_works(source: str, mountpoint: str) -> None:
@@ -428,8 +441,9 @@ def _remount_works(source: str, mountpoint: str) -> None:
         assert np.array_equal(np.fromfile(path, dtype=np.float32), np.arange(100, dtype=np.float32))
 
 
-def test_sigkill_during_reads_fails_readers_and_unmount_recovers(big_model: str, tmp_path: os.PathLike,
-                                                                   require_fuse: None) -> None:
+def test_sigkill_during_reads_fails_readers_and_unmount_recovers(
+    big_model: str, tmp_path: os.PathLike, require_fuse: None
+) -> None:
     mountpoint = os.path.join(str(tmp_path), "mnt")
     with background_mount(big_model, mountpoint) as pid:
         readers = _start_readers(os.path.join(mountpoint, "tensors", "w"), 4)
@@ -439,19 +453,22 @@ def test_sigkill_during_reads_fails_readers_and_unmount_recovers(big_model: str,
         assert wait_gone(pid)
         assert is_dead_mount(mountpoint)
         # a mount on a dead endpoint is refused with advice
-        again = subprocess.run([sys.executable, "-m", "stfs", "mount", big_model, mountpoint], capture_output=True,
-                               text=True, timeout=60)
+        again = subprocess.run(
+            [sys.executable, "-m", "stfs", "mount", big_model, mountpoint], capture_output=True, text=True, timeout=60
+        )
         assert again.returncode == 1 and "stfs unmount" in again.stderr
-        result = subprocess.run([sys.executable, "-m", "stfs", "unmount", mountpoint], capture_output=True,
-                                text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "stfs", "unmount", mountpoint], capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, result.stderr
         assert not os.path.ismount(mountpoint) and not is_dead_mount(mountpoint)
     _remount_works(big_model, mountpoint)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_during_reads_unmounts_cleanly(big_model: str, tmp_path: os.PathLike, require_fuse: None,
-                                               signum: int) -> None:
+def test_sigterm_during_reads_unmounts_cleanly(
+    big_model: str, tmp_path: os.PathLike, require_fuse: None, signum: int
+) -> None:
     mountpoint = os.path.join(str(tmp_path), "mnt")
     with background_mount(big_model, mountpoint) as pid:
         readers = _start_readers(os.path.join(mountpoint, "tensors", "w"), 4)

@@ -1,4 +1,4 @@
-"""The header reader: one broken file per validation rule (README.md), every valid shape of file, and hostile headers."""
+"""The header reader: one broken file per validation rule (README.md), every valid file shape, hostile headers."""
 
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def tensor(dtype: str, shape: list[Any], begin: int, end: int) -> dict[str, Any]
     return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
 
 
-def broken(tmp_path: Path, header: Any = None, data: bytes = b"", length: int | None = None,
-           raw: bytes | None = None) -> str:
+def broken(
+    tmp_path: Path, header: Any = None, data: bytes = b"", length: int | None = None, raw: bytes | None = None
+) -> str:
     return write_header(str(tmp_path / "broken.safetensors"), header, data=data, length=length, raw=raw)
 
 
@@ -175,8 +176,11 @@ def test_rule5_lone_surrogate_in_metadata(tmp_path: Path) -> None:
 
 
 def test_surrogate_pair_escape_and_escaped_backslash_are_fine(tmp_path: Path) -> None:
-    raw = (b'{"\\ud83e\\udd80":' + json.dumps(tensor("U8", [1], 0, 1)).encode()
-           + b',"__metadata__":{"path":"C:\\\\ud800"}}')
+    raw = (
+        b'{"\\ud83e\\udd80":'
+        + json.dumps(tensor("U8", [1], 0, 1)).encode()
+        + b',"__metadata__":{"path":"C:\\\\ud800"}}'
+    )
     header = read_header(broken(tmp_path, raw=raw, data=b"x"))
     assert [t.name for t in header.tensors] == ["\U0001f980"]
     assert header.metadata == {"path": "C:\\ud800"}
@@ -214,7 +218,8 @@ def test_rule7_missing_dtype(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "shape", [[-1], [2, -3], [1.0], [2.5], [True], [False, 1], ["2"], [None], [[1]], 4, "4", {"0": 4}, None, -0.0],
+    "shape",
+    [[-1], [2, -3], [1.0], [2.5], [True], [False, 1], ["2"], [None], [[1]], 4, "4", {"0": 4}, None, -0.0],
 )
 def test_rule7_bad_shape(tmp_path: Path, shape: Any) -> None:
     refused(broken(tmp_path, {"w": tensor("U8", shape, 0, 4)}, data=b"\0" * 4), errors.MalformedTensorInfo, 7, "w")
@@ -237,8 +242,8 @@ def test_rule7_missing_shape(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "offsets", [[], [0], [0, 1, 2], [-1, 0], [0, -1], [0.0, 1], [0, 1.0], [False, True], "0,1", {"0": 1}, None,
-                [0, 2**64]],
+    "offsets",
+    [[], [0], [0, 1, 2], [-1, 0], [0, -1], [0.0, 1], [0, 1.0], [False, True], "0,1", {"0": 1}, None, [0, 2**64]],
 )
 def test_rule7_bad_data_offsets(tmp_path: Path, offsets: Any) -> None:
     header = {"w": {"dtype": "U8", "shape": [1], "data_offsets": offsets}}
@@ -266,20 +271,35 @@ def test_other_members_are_ignored(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("dtype", "shape", "bits"),
-    [("F4", [3], 12), ("F4", [1], 4), ("F4", [3, 5], 60), ("F6_E2M3", [1], 6), ("F6_E2M3", [3], 18),
-     ("F6_E3M2", [5], 30), ("F6_E3M2", [2, 1], 12)],
+    [
+        ("F4", [3], 12),
+        ("F4", [1], 4),
+        ("F4", [3, 5], 60),
+        ("F6_E2M3", [1], 6),
+        ("F6_E2M3", [3], 18),
+        ("F6_E3M2", [5], 30),
+        ("F6_E3M2", [2, 1], 12),
+    ],
 )
 def test_rule8_sub_byte_dtype_not_whole_bytes(tmp_path: Path, dtype: str, shape: list[int], bits: int) -> None:
     size = bits // 8 + 1
-    exc = refused(broken(tmp_path, {"w": tensor(dtype, shape, 0, size)}, data=b"\0" * size),
-                  errors.MisalignedSlice, 8, "w")
+    exc = refused(
+        broken(tmp_path, {"w": tensor(dtype, shape, 0, size)}, data=b"\0" * size), errors.MisalignedSlice, 8, "w"
+    )
     assert f"{bits} bits" in exc.message
 
 
 @pytest.mark.parametrize(
     ("shape", "dtype"),
-    [([2**40, 2**40], "U8"), ([2**32, 2**32], "U8"), ([10**9, 10**9, 10**9], "F32"), ([U64_MAX, 2], "BOOL"),
-     ([2**62], "F64"), ([2**61], "I32"), ([U64_MAX], "F4")],
+    [
+        ([2**40, 2**40], "U8"),
+        ([2**32, 2**32], "U8"),
+        ([10**9, 10**9, 10**9], "F32"),
+        ([U64_MAX, 2], "BOOL"),
+        ([2**62], "F64"),
+        ([2**61], "I32"),
+        ([U64_MAX], "F4"),
+    ],
 )
 def test_rule8_overflow_is_an_error_not_a_wrap(tmp_path: Path, shape: list[int], dtype: str) -> None:
     # 2**32 * 2**32 wraps to 0 in 64 bits, which would match data_offsets [0, 0].
@@ -299,12 +319,21 @@ def test_overflowing_dimensions_after_a_zero_are_still_refused(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("dtype", "shape", "end"),
-    [("F32", [2], 4), ("F32", [2], 12), ("U8", [], 0), ("F32", [0], 4), ("F4", [4], 4), ("F6_E2M3", [4], 4),
-     ("C64", [1], 4), ("BF16", [3, 3], 17)],
+    [
+        ("F32", [2], 4),
+        ("F32", [2], 12),
+        ("U8", [], 0),
+        ("F32", [0], 4),
+        ("F4", [4], 4),
+        ("F6_E2M3", [4], 4),
+        ("C64", [1], 4),
+        ("BF16", [3, 3], 17),
+    ],
 )
 def test_rule9_offsets_disagree_with_size(tmp_path: Path, dtype: str, shape: list[int], end: int) -> None:
-    exc = refused(broken(tmp_path, {"w": tensor(dtype, shape, 0, end)}, data=b"\0" * end), errors.TensorInvalidInfo,
-                  9, "w")
+    exc = refused(
+        broken(tmp_path, {"w": tensor(dtype, shape, 0, end)}, data=b"\0" * end), errors.TensorInvalidInfo, 9, "w"
+    )
     assert f"span {end} bytes" in exc.message
 
 
@@ -351,14 +380,14 @@ def test_rule10_order_in_header_does_not_matter(tmp_path: Path) -> None:
 
 
 def test_rule11_trailing_bytes(tmp_path: Path) -> None:
-    exc = refused(broken(tmp_path, {"w": tensor("U8", [4], 0, 4)}, data=b"\0" * 5), errors.MetadataIncompleteBuffer, 11,
-                  "w")  # the tensor the stray bytes follow
+    exc = refused(
+        broken(tmp_path, {"w": tensor("U8", [4], 0, 4)}, data=b"\0" * 5), errors.MetadataIncompleteBuffer, 11, "w"
+    )  # the tensor the stray bytes follow
     assert "4" in exc.message and "5" in exc.message
 
 
 def test_rule11_data_shorter_than_the_tensors(tmp_path: Path) -> None:
-    refused(broken(tmp_path, {"w": tensor("U8", [4], 0, 4)}, data=b"\0" * 3), errors.MetadataIncompleteBuffer, 11,
-            "w")
+    refused(broken(tmp_path, {"w": tensor("U8", [4], 0, 4)}, data=b"\0" * 3), errors.MetadataIncompleteBuffer, 11, "w")
 
 
 def test_rule11_no_tensors_but_data(tmp_path: Path) -> None:
@@ -465,8 +494,10 @@ def test_metadata(tmp_path: Path) -> None:
 def test_raw_dtypes(tmp_path: Path, dtype: str) -> None:
     width = RAW_DTYPES[dtype][1]
     data = bytes(range(6 * width))
-    path = write_raw(str(tmp_path / "raw.safetensors"),
-                     {"x": (dtype, [2, 3], data), "y": (dtype, [], bytes(width)), "z": (dtype, [0], b"")})
+    path = write_raw(
+        str(tmp_path / "raw.safetensors"),
+        {"x": (dtype, [2, 3], data), "y": (dtype, [], bytes(width)), "z": (dtype, [0], b"")},
+    )
     header = read_header(path)
     check_against_file(header, path)
     by_name = {t.name: t for t in header.tensors}
@@ -479,8 +510,16 @@ def test_raw_dtypes(tmp_path: Path, dtype: str) -> None:
 
 @pytest.mark.parametrize(
     ("dtype", "shape", "size"),
-    [("F4", [2], 1), ("F4", [2, 3], 3), ("F4", [0], 0), ("F4", [], None), ("F6_E2M3", [4], 3),
-     ("F6_E3M2", [2, 4], 6), ("F6_E2M3", [4, 0, 3], 0), ("F8_E8M0", [5], 5)],
+    [
+        ("F4", [2], 1),
+        ("F4", [2, 3], 3),
+        ("F4", [0], 0),
+        ("F4", [], None),
+        ("F6_E2M3", [4], 3),
+        ("F6_E3M2", [2, 4], 6),
+        ("F6_E2M3", [4, 0, 3], 0),
+        ("F8_E8M0", [5], 5),
+    ],
 )
 def test_sub_byte_dtypes_with_whole_bytes(tmp_path: Path, dtype: str, shape: list[int], size: int | None) -> None:
     if size is None:  # a 0-rank F4 is 4 bits: never whole bytes
@@ -536,7 +575,7 @@ def test_padding_of_files_the_reference_writes(tmp_path: Path) -> None:
     assert header.header_length % 8 == 0  # the reference aligns the data section
     assert header.json_length == len(raw.rstrip(b" "))
     json.loads(raw[: header.json_length])
-    assert raw[header.json_length:] == b" " * (header.header_length - header.json_length)
+    assert raw[header.json_length :] == b" " * (header.header_length - header.json_length)
 
 
 def test_other_whitespace_inside_and_after_json(tmp_path: Path) -> None:
@@ -604,8 +643,9 @@ def test_header_of_100_million_bytes(tmp_path: Path) -> None:
 @pytest.mark.timeout(30)
 def test_shape_with_a_billion_elements(tmp_path: Path) -> None:
     refused(broken(tmp_path, {"w": tensor("F32", [10**9], 0, 4)}, data=b"\0" * 4), errors.TensorInvalidInfo, 9, "w")
-    refused(broken(tmp_path, {"w": tensor("F32", [10**9] * 3, 0, 4)}, data=b"\0" * 4), errors.ValidationOverflow, 8,
-            "w")
+    refused(
+        broken(tmp_path, {"w": tensor("F32", [10**9] * 3, 0, 4)}, data=b"\0" * 4), errors.ValidationOverflow, 8, "w"
+    )
 
 
 @pytest.mark.timeout(30)

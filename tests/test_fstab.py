@@ -124,9 +124,19 @@ def namespace(tmp_path: Path, require_fuse: None) -> Iterator[Namespace]:
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m stfs "$@"\n')
     wrapper.chmod(0o755)
     holder = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-         f"mount --bind {programs} {FIRST_ON_DEFAULT_PATH} && echo ready && exec cat"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f"mount --bind {programs} {FIRST_ON_DEFAULT_PATH} && echo ready && exec cat",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     namespace = Namespace(holder)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n", "no private mount namespace"
@@ -179,8 +189,13 @@ def test_mount_t_fuse_stfs_then_umount(namespace: Namespace, model: str, tmp_pat
 
 def test_an_fstab_line(namespace: Namespace, tmp_path: Path) -> None:
     folder = tmp_path / "qwen"
-    index = write_sharded(str(folder), {"model-00001-of-00002.safetensors": {"a.w": np.arange(9, dtype=np.int16)},
-                                        "model-00002-of-00002.safetensors": {"b.w": np.ones((2, 3), np.float32)}})
+    index = write_sharded(
+        str(folder),
+        {
+            "model-00001-of-00002.safetensors": {"a.w": np.arange(9, dtype=np.int16)},
+            "model-00002-of-00002.safetensors": {"b.w": np.ones((2, 3), np.float32)},
+        },
+    )
     mnt = mountpoint(tmp_path)
     log = tmp_path / "stfs.log"
     fstab = tmp_path / "fstab"
@@ -214,8 +229,9 @@ def test_without_ro_the_mount_is_read_only_all_the_same(namespace: Namespace, mo
 
 
 def test_an_invalid_model_is_one_line_and_nothing_mounted(namespace: Namespace, tmp_path: Path) -> None:
-    bad = write_header(str(tmp_path / "bad.safetensors"), {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
-                       data=b"\0" * 4)
+    bad = write_header(
+        str(tmp_path / "bad.safetensors"), {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, data=b"\0" * 4
+    )
     mnt = mountpoint(tmp_path)
     result = namespace.run("mount", "-t", "fuse.stfs", bad, mnt, "-o", "ro")
     assert result.returncode != 0
@@ -251,8 +267,9 @@ def tasks(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
-def test_o_layout_and_log_file(background: Callable[..., subprocess.CompletedProcess], model: str,
-                               tmp_path: Path) -> None:
+def test_o_layout_and_log_file(
+    background: Callable[..., subprocess.CompletedProcess], model: str, tmp_path: Path
+) -> None:
     mnt = mountpoint(tmp_path)
     log = tmp_path / "daemon.log"
     result = background(model, mnt, f"ro,dev,suid,layout=flat,log_file={log}")
@@ -284,8 +301,9 @@ def test_o_threads(background: Callable[..., subprocess.CompletedProcess], model
 def test_o_max_open_files(background: Callable[..., subprocess.CompletedProcess], tmp_path: Path) -> None:
     folder = tmp_path / "models"
     folder.mkdir()
-    sources = {f"m{k}": write_numpy(str(folder / f"m{k}.safetensors"), {"w": np.full(1000, k, np.int32)})
-               for k in range(3)}
+    sources = {
+        f"m{k}": write_numpy(str(folder / f"m{k}.safetensors"), {"w": np.full(1000, k, np.int32)}) for k in range(3)
+    }
     mnt = mountpoint(tmp_path)
     assert background(str(folder), mnt, "max_open_files=1").returncode == 0
     pid = daemon_pid(mnt)

@@ -31,6 +31,7 @@ NAME_MAX = 255
 
 # -- regressions from fuzzing --------------------------------------------------------------------------------------
 
+
 def _load_and_build(path: str) -> None:
     """What ``stfs mount`` does before mounting; only StfsError may come out."""
     for source in model.discover(path):
@@ -85,24 +86,27 @@ def test_a_lone_surrogate_in_a_shard_is_refused_not_a_crash(tmp_path: os.PathLik
     assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("index_text", [
-    '{"weight_map": {"w\\ud800": "a.safetensors"}}',
-    '{"weight_map": {"w": "a\\ud800.safetensors"}}',
-    '{"weight_map": {"w": "a\\u0000.safetensors"}}',
-    '{"weight_map": {"w": ""}}',
-    '{"weight_map": {"w": "."}}',
-    '{"weight_map": {"w": "m.safetensors.index.json"}}',
-    '{"weight_map": {"w": "a.safetensors", "x": "./a.safetensors"}}',
-    '{"weight_map": {"w": 1}}',
-    '{"weight_map": []}',
-    '{"metadata": [], "weight_map": {"w": "a.safetensors"}}',
-    '{"metadata": {"total_size": "NaN"}, "weight_map": {"w": "a.safetensors"}}',
-    '[' * 100_000 + ']' * 100_000,
-    '{"weight_map": {"w": "a.safetensors"}, "x": ' + '[' * 100_000 + ']' * 100_000 + '}',
-    '{"weight_map": {"w": "a.safetensors"}, "x": ' + '9' * 5000 + '}',
-    '\ufeff{"weight_map": {"w": "a.safetensors"}}',
-    '',
-])
+@pytest.mark.parametrize(
+    "index_text",
+    [
+        '{"weight_map": {"w\\ud800": "a.safetensors"}}',
+        '{"weight_map": {"w": "a\\ud800.safetensors"}}',
+        '{"weight_map": {"w": "a\\u0000.safetensors"}}',
+        '{"weight_map": {"w": ""}}',
+        '{"weight_map": {"w": "."}}',
+        '{"weight_map": {"w": "m.safetensors.index.json"}}',
+        '{"weight_map": {"w": "a.safetensors", "x": "./a.safetensors"}}',
+        '{"weight_map": {"w": 1}}',
+        '{"weight_map": []}',
+        '{"metadata": [], "weight_map": {"w": "a.safetensors"}}',
+        '{"metadata": {"total_size": "NaN"}, "weight_map": {"w": "a.safetensors"}}',
+        "[" * 100_000 + "]" * 100_000,
+        '{"weight_map": {"w": "a.safetensors"}, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"weight_map": {"w": "a.safetensors"}, "x": ' + "9" * 5000 + "}",
+        '\ufeff{"weight_map": {"w": "a.safetensors"}}',
+        "",
+    ],
+)
 def test_hostile_indexes_give_stfs_errors_only(tmp_path: os.PathLike, index_text: str) -> None:
     folder = str(tmp_path)
     write_numpy(os.path.join(folder, "a.safetensors"), {"w": np.zeros(2, np.float32)})
@@ -147,6 +151,7 @@ def test_hostile_headers_give_format_errors_only(tmp_path: os.PathLike, raw: byt
 
 
 # -- valid but hostile -----------------------------------------------------------------------------------------------
+
 
 def many_tensors_name(index: int, pad: str = "") -> str:
     return f"model.layers.{index // 1000}.block{pad}.{index % 1000}.weight"
@@ -210,8 +215,9 @@ def _find(mnt: str, name: str) -> str | int:
 
 
 @pytest.mark.parametrize("layout", ["nested", "flat"])
-def test_long_names_are_reachable_readable_and_named_in_xattrs(mount: MountFn, tmp_path: os.PathLike,
-                                                              layout: str) -> None:
+def test_long_names_are_reachable_readable_and_named_in_xattrs(
+    mount: MountFn, tmp_path: os.PathLike, layout: str
+) -> None:
     arrays = {name: np.full(index + 1, index, dtype=np.int16) for index, name in enumerate(LONG_NAMES.values())}
     source = write_numpy(os.path.join(str(tmp_path), "long.safetensors"), arrays)
     mnt = mount(source, layout=layout)
@@ -244,8 +250,10 @@ def test_long_names_are_reachable_readable_and_named_in_xattrs(mount: MountFn, t
 def test_a_name_too_long_for_an_xattr_is_still_a_readable_file(mount: MountFn, tmp_path: os.PathLike) -> None:
     """Linux caps an xattr value at 64 KiB: the name attribute fails cleanly, the file and the daemon live on."""
     name = "n" * 70_000
-    source = write_numpy(os.path.join(str(tmp_path), "huge-name.safetensors"), {name: np.arange(3, dtype=np.int8),
-                                                                              "ok": np.ones(2, np.int8)})
+    source = write_numpy(
+        os.path.join(str(tmp_path), "huge-name.safetensors"),
+        {name: np.arange(3, dtype=np.int8), "ok": np.ones(2, np.int8)},
+    )
     mnt = mount(source)
     (entry,) = [e for e in os.listdir(os.path.join(mnt, "tensors")) if e.startswith("n")]
     path = os.path.join(mnt, "tensors", entry)
@@ -260,6 +268,7 @@ def test_a_name_too_long_for_an_xattr_is_still_a_readable_file(mount: MountFn, t
 
 
 # -- the 1M-tensor measurement (a script run, not a test) ---------------------------------------------------------
+
 
 def _daemon_memory(mountpoint: str) -> dict[str, int]:
     from stfs.daemon import daemon_pid
@@ -286,8 +295,13 @@ def measure(count: int, folder: str) -> dict[str, object]:
     start = time.monotonic()
     result = subprocess.run(["stfs", "mount", source, mountpoint], capture_output=True, text=True)
     ready = time.monotonic() - start
-    report: dict[str, object] = {"tensors": count, "header_bytes": header_length, "mount_exit": result.returncode,
-                                 "stderr": result.stderr.strip()[:500], "seconds_to_ready": round(ready, 1)}
+    report: dict[str, object] = {
+        "tensors": count,
+        "header_bytes": header_length,
+        "mount_exit": result.returncode,
+        "stderr": result.stderr.strip()[:500],
+        "seconds_to_ready": round(ready, 1),
+    }
     if result.returncode == 0:
         try:
             report["daemon_after_mount"] = _daemon_memory(mountpoint)

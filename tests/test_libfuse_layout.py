@@ -17,8 +17,19 @@ import pytest
 from stfs import _libfuse
 from tests.helpers import IN_CI
 
-STAT_MEMBERS = ("st_mode", "st_ino", "st_nlink", "st_size", "st_blocks", "st_blksize", "st_uid", "st_gid",
-                "st_mtim", "st_ctim", "st_atim")
+STAT_MEMBERS = (
+    "st_mode",
+    "st_ino",
+    "st_nlink",
+    "st_size",
+    "st_blocks",
+    "st_blksize",
+    "st_uid",
+    "st_gid",
+    "st_mtim",
+    "st_ctim",
+    "st_atim",
+)
 BUF_MEMBERS = ("size", "flags", "mem", "fd", "pos")
 
 PROGRAM = """
@@ -56,8 +67,9 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[int]]:
     folder = Path(tmp_path_factory.mktemp("layout"))
     source = folder / "layout.c"
     source.write_text(
-        PROGRAM.replace("BUF_MEMBERS", " ".join(f"SHOW(struct fuse_buf, {member});" for member in BUF_MEMBERS))
-        .replace("STAT_MEMBERS", " ".join(f"SHOW(struct stat, {member});" for member in STAT_MEMBERS))
+        PROGRAM.replace("BUF_MEMBERS", " ".join(f"SHOW(struct fuse_buf, {member});" for member in BUF_MEMBERS)).replace(
+            "STAT_MEMBERS", " ".join(f"SHOW(struct stat, {member});" for member in STAT_MEMBERS)
+        )
     )
     binary = folder / "layout"
     subprocess.run(["gcc", *flags.stdout.split(), str(source), "-o", str(binary)], check=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Models: SOURCE resolution (README.md, "Commands"), sharded-set rules (README.md, "Validation"), absolute offsets and the merged header."""
+"""Models: SOURCE resolution, sharded-set rules (README.md, "Validation"), absolute offsets, the merged header."""
 
 from __future__ import annotations
 
@@ -157,8 +157,9 @@ def test_directory_of_several_models(tmp_path: Path) -> None:
     write_numpy(str(repo / "vae" / "diffusion_pytorch_model.safetensors"), small(2))
     write_numpy(str(repo / "text_encoder" / "sub" / "model.safetensors"), small(3))
     write_numpy(str(repo / "model.safetensors"), small(4))
-    write_sharded(str(repo / "transformer"), sharded_arrays(),
-                  index_name="diffusion_pytorch_model.safetensors.index.json")
+    write_sharded(
+        str(repo / "transformer"), sharded_arrays(), index_name="diffusion_pytorch_model.safetensors.index.json"
+    )
     (repo / "unet" / "config.json").write_text("{}")
     (repo / "README.md").write_text("hi")
     (repo / "model.bin").write_bytes(b"\0" * 16)
@@ -230,8 +231,10 @@ def test_a_broken_single_file_is_a_format_error(tmp_path: Path) -> None:
 # -- sharded sets ------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["{", "", "not json", '{"weight_map": {"a": "x.safetensors",}}', "[1, 2]", "null",
-                                  '{"weight_map": {"a": NaN}}'])
+@pytest.mark.parametrize(
+    "text",
+    ["{", "", "not json", '{"weight_map": {"a": "x.safetensors",}}', "[1, 2]", "null", '{"weight_map": {"a": NaN}}'],
+)
 def test_invalid_index_json(tmp_path: Path, text: str) -> None:
     write_sharded(str(tmp_path), sharded_arrays())
     index = tmp_path / "model.safetensors.index.json"
@@ -251,8 +254,15 @@ def test_deeply_nested_index(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "document",
-    [{}, {"metadata": {"total_size": 1}}, {"weight_map": []}, {"weight_map": "model.safetensors"},
-     {"weight_map": {"a": 1}}, {"weight_map": {"a": None}}, {"weight_map": {"a": ["x.safetensors"]}}],
+    [
+        {},
+        {"metadata": {"total_size": 1}},
+        {"weight_map": []},
+        {"weight_map": "model.safetensors"},
+        {"weight_map": {"a": 1}},
+        {"weight_map": {"a": None}},
+        {"weight_map": {"a": ["x.safetensors"]}},
+    ],
 )
 def test_index_without_a_weight_map(tmp_path: Path, document: object) -> None:
     index = tmp_path / "model.safetensors.index.json"
@@ -378,8 +388,9 @@ def shard_header(path: Path) -> dict:
 
 def test_merged_header(tmp_path: Path) -> None:
     shards = sharded_arrays()
-    index = write_sharded(str(tmp_path), shards,
-                          metadata={SHARD1: {"format": "pt", "one": "1"}, SHARD2: {"format": "np", "two": "2"}})
+    index = write_sharded(
+        str(tmp_path), shards, metadata={SHARD1: {"format": "pt", "one": "1"}, SHARD2: {"format": "np", "two": "2"}}
+    )
     [model] = resolve(index)
     merged = json.loads(merged_header(model))
     assert merged.pop("__metadata__") == {"format": "pt", "one": "1", "two": "2"}
@@ -397,8 +408,9 @@ def test_first_shard_wins_even_when_the_weight_map_lists_it_last(tmp_path: Path)
     shards = sharded_arrays()
     weight_map = dict(sorted((name, shard) for shard, arrays in shards.items() for name in arrays))
     assert next(iter(weight_map.values())) == SHARD2
-    index = write_sharded(str(tmp_path), shards, weight_map=weight_map,
-                          metadata={SHARD1: {"format": "pt"}, SHARD2: {"format": "np"}})
+    index = write_sharded(
+        str(tmp_path), shards, weight_map=weight_map, metadata={SHARD1: {"format": "pt"}, SHARD2: {"format": "np"}}
+    )
     [model] = resolve(index)
     assert json.loads(merged_header(model))["__metadata__"] == {"format": "pt"}
     assert [shard.name for shard in model.shards] == [SHARD1, SHARD2]
@@ -415,8 +427,10 @@ def test_shards_in_natural_order(tmp_path: Path) -> None:
 
 def test_merged_header_without_metadata_and_with_odd_names(tmp_path: Path) -> None:
     names = ["a.b", "a.b.c", "é/🦀", "", "x\x00y"]
-    shards = {"s1.safetensors": {names[0]: np.ones(1, np.uint8), names[1]: np.ones(2, np.uint8)},
-              "s2.safetensors": {n: np.ones(3, np.uint8) for n in names[2:]}}
+    shards = {
+        "s1.safetensors": {names[0]: np.ones(1, np.uint8), names[1]: np.ones(2, np.uint8)},
+        "s2.safetensors": {n: np.ones(3, np.uint8) for n in names[2:]},
+    }
     [model] = resolve(write_sharded(str(tmp_path), shards))
     merged = json.loads(merged_header(model).decode("utf-8"))
     assert "__metadata__" not in merged

@@ -62,8 +62,9 @@ def read_file(path: str) -> bytes:
         return stream.read()
 
 
-def check_tensors(mnt: str, source: str, names: list[str], layout: str = "nested",
-                  paths: dict[str, str] | None = None) -> None:
+def check_tensors(
+    mnt: str, source: str, names: list[str], layout: str = "nested", paths: dict[str, str] | None = None
+) -> None:
     header = header_of(source)
     data_start = 8 + len(raw_header(source))
     for name in names:
@@ -104,10 +105,14 @@ def test_bf16_and_f8_tensors(mount, tmp_path) -> None:  # noqa: ANN001
 
 def test_sharded_set_as_directory_and_as_index(mount, tmp_path) -> None:  # noqa: ANN001
     shards = sharded_arrays()
-    index = write_sharded(str(tmp_path / "repo"), shards, metadata={
-        "model-00001-of-00002.safetensors": {"format": "pt", "who": "first"},
-        "model-00002-of-00002.safetensors": {"format": "pt", "who": "second", "extra": "x"},
-    })
+    index = write_sharded(
+        str(tmp_path / "repo"),
+        shards,
+        metadata={
+            "model-00001-of-00002.safetensors": {"format": "pt", "who": "first"},
+            "model-00002-of-00002.safetensors": {"format": "pt", "who": "second", "extra": "x"},
+        },
+    )
     for source in (str(tmp_path / "repo"), index):
         mnt = mount(source)
         assert sorted(os.listdir(mnt)) == ["header.json", "index.json", "metadata", "shards", "tensors"]
@@ -121,8 +126,12 @@ def test_sharded_set_as_directory_and_as_index(mount, tmp_path) -> None:  # noqa
         merged = json.loads(read_file(os.path.join(mnt, "header.json")))
         assert merged["__metadata__"] == {"format": "pt", "who": "first", "extra": "x"}
         assert merged["lm_head.weight"]["file"] == "model-00002-of-00002.safetensors"
-        assert merged["lm_head.weight"]["data_offsets"] == header_of(
-            os.path.join(str(tmp_path / "repo"), "model-00002-of-00002.safetensors"))["lm_head.weight"]["data_offsets"]
+        assert (
+            merged["lm_head.weight"]["data_offsets"]
+            == header_of(os.path.join(str(tmp_path / "repo"), "model-00002-of-00002.safetensors"))["lm_head.weight"][
+                "data_offsets"
+            ]
+        )
         assert read_file(os.path.join(mnt, "metadata", "who")) == b"first\n"
         query = '.["model.layers.0.mlp.down_proj.weight"].shape | @csv'
         jq = run(["jq", "-r", query, os.path.join(mnt, "header.json")])
@@ -181,8 +190,17 @@ def test_real_tools(mount, rich: str, tmp_path) -> None:  # noqa: ANN001
     hexdump = run(["hexdump", "-C", "-n", "32", path])
     assert hexdump.stdout.splitlines()[0].startswith("00000000  " + " ".join(f"{b:02x}" for b in expected[:8]))
     extracted = tmp_path / "extracted"
-    run(["dd", f"if={rich}", f"of={extracted}", f"skip={offset}", f"count={len(expected)}",
-         "iflag=skip_bytes,count_bytes", "status=none"])
+    run(
+        [
+            "dd",
+            f"if={rich}",
+            f"of={extracted}",
+            f"skip={offset}",
+            f"count={len(expected)}",
+            "iflag=skip_bytes,count_bytes",
+            "status=none",
+        ]
+    )
     assert run(["cmp", path, str(extracted)]).returncode == 0
     assert run(["sha256sum", path]).stdout.split()[0] == hashlib.sha256(expected).hexdigest()
 
@@ -361,8 +379,9 @@ def test_background_mount_and_unmount_commands(tmp_path, rich: str, require_fuse
 
 
 def test_invalid_model_is_refused_and_nothing_mounted(tmp_path, require_fuse: None) -> None:  # noqa: ANN001
-    bad = write_header(str(tmp_path / "bad.safetensors"), {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
-                       data=b"\0" * 4)
+    bad = write_header(
+        str(tmp_path / "bad.safetensors"), {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, data=b"\0" * 4
+    )
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     for extra in ([], ["-f"]):
@@ -395,8 +414,11 @@ def foreground_daemon(tmp_path, rich: str, require_fuse: None) -> Iterator[tuple
     """``stfs mount -f`` in a child process, mounted; the test decides how it ends, teardown cleans up."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "stfs", "mount", rich, str(mnt), "-f"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stfs", "mount", rich, str(mnt), "-f"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while not os.path.ismount(mnt):

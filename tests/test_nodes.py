@@ -31,8 +31,14 @@ def source(tmp_path: Path) -> str:
 def stitched(source: str) -> tuple[tuple[bytes | Range, ...], bytes]:
     """Segments that cross page boundaries in every way, and the bytes they stand for."""
     data = Path(source).read_bytes()
-    segments = (b"<" * 5000, Range(source, 1001, 300_000), b">" * 3, Range(source, 0, 70_000), Range(source, 5, 0),
-                b"end")
+    segments = (
+        b"<" * 5000,
+        Range(source, 1001, 300_000),
+        b">" * 3,
+        Range(source, 0, 70_000),
+        Range(source, 5, 0),
+        b"end",
+    )
     expected = b"<" * 5000 + data[1001:301_001] + b">" * 3 + data[:70_000] + b"end"
     return segments, expected
 

@@ -65,10 +65,16 @@ def test_errno_answers(rich: str) -> None:
     assert errno_of(ops.readdir, "/tensors/scalar", 0) == errno.ENOTDIR
     assert errno_of(ops.getxattr, "/tensors/scalar", "user.other") == errno.ENODATA
     assert errno_of(ops.access, "/tensors/scalar", os.W_OK) == errno.EROFS
-    for mutate, args in [(ops.write, ("/tensors/scalar", b"x", 0, 0)), (ops.unlink, ("/tensors/scalar",)),
-                         (ops.mkdir, ("/x", 0o755)), (ops.rename, ("/a", "/b")), (ops.chmod, ("/", 0o777)),
-                         (ops.truncate, ("/tensors/scalar", 0)), (ops.create, ("/new", 0o644)),
-                         (ops.setxattr, ("/tensors/scalar", "user.x", b"1", 0))]:
+    for mutate, args in [
+        (ops.write, ("/tensors/scalar", b"x", 0, 0)),
+        (ops.unlink, ("/tensors/scalar",)),
+        (ops.mkdir, ("/x", 0o755)),
+        (ops.rename, ("/a", "/b")),
+        (ops.chmod, ("/", 0o777)),
+        (ops.truncate, ("/tensors/scalar", 0)),
+        (ops.create, ("/new", 0o644)),
+        (ops.setxattr, ("/tensors/scalar", "user.x", b"1", 0)),
+    ]:
         assert errno_of(mutate, *args) == errno.EROFS, mutate
 
 

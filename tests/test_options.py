@@ -26,8 +26,9 @@ FROM_MOUNT_FUSE3 = {
     "no -o": "rw,dev,suid",
     "-o ro,allow_other": "ro,allow_other,dev,suid",
     "-o ro,nofail,noauto,_netdev,x-systemd.automount,user,nodev,noatime,layout=flat,defaults,rw,users,exec,noexec,"
-    "async,sync,relatime,x-foo=1,comment=xx,nouser,owner,group":
-        "rw,nodev,noatime,noexec,sync,relatime,nosuid,layout=flat",
+    "async,sync,relatime,x-foo=1,comment=xx,nouser,owner,group": (
+        "rw,nodev,noatime,noexec,sync,relatime,nosuid,layout=flat"
+    ),
 }
 
 
@@ -40,8 +41,13 @@ def test_what_mount_fuse3_passes_leaves_only_fuse_options(given: str) -> None:
 
 def test_every_stfs_setting() -> None:
     options = sort_options(["layout=flat,log_file=/var/log/a b.log", "max_open_files=7,threads,keep_source_cache"])
-    assert options.settings == {"layout": "flat", "log_file": "/var/log/a b.log", "max_open_files": 7,
-                                "threads": True, "keep_source_cache": True}
+    assert options.settings == {
+        "layout": "flat",
+        "log_file": "/var/log/a b.log",
+        "max_open_files": 7,
+        "threads": True,
+        "keep_source_cache": True,
+    }
     assert options.fuse == [] and options.warnings == []
 
 
@@ -52,8 +58,20 @@ def test_unknown_items_go_to_libfuse_in_order() -> None:
 
 
 def test_ignored_items() -> None:
-    items = ["dev", "nosuid", "noexec", "defaults", "nofail", "_netdev", "x-systemd.automount",
-             "x-systemd.mount-timeout=30", "comment=systemd.automount", "noatime", "async", "users"]
+    items = [
+        "dev",
+        "nosuid",
+        "noexec",
+        "defaults",
+        "nofail",
+        "_netdev",
+        "x-systemd.automount",
+        "x-systemd.mount-timeout=30",
+        "comment=systemd.automount",
+        "noatime",
+        "async",
+        "users",
+    ]
     options = sort_options([",".join(items)])
     assert options.ignored == items and options.fuse == [] and options.warnings == []
 
@@ -68,16 +86,19 @@ def test_last_value_wins() -> None:
     assert sort_options(["layout=flat", "layout=nested"]).settings == {"layout": "nested"}
 
 
-@pytest.mark.parametrize(("item", "message"), [
-    ("layout=round", "layout=round: layout must be one of nested, flat"),
-    ("layout", "layout: layout must be one of nested, flat"),
-    ("log_file", "log_file: log_file needs a value"),
-    ("log_file=", "log_file=: log_file needs a value"),
-    ("max_open_files=many", "max_open_files=many: max_open_files must be a whole number"),
-    ("max_open_files=0", "max_open_files=0: max_open_files must be at least 1"),
-    ("threads=yes", "threads=yes: threads takes no value"),
-    ("keep_source_cache=1", "keep_source_cache=1: keep_source_cache takes no value"),
-])
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("layout=round", "layout=round: layout must be one of nested, flat"),
+        ("layout", "layout: layout must be one of nested, flat"),
+        ("log_file", "log_file: log_file needs a value"),
+        ("log_file=", "log_file=: log_file needs a value"),
+        ("max_open_files=many", "max_open_files=many: max_open_files must be a whole number"),
+        ("max_open_files=0", "max_open_files=0: max_open_files must be at least 1"),
+        ("threads=yes", "threads=yes: threads takes no value"),
+        ("keep_source_cache=1", "keep_source_cache=1: keep_source_cache takes no value"),
+    ],
+)
 def test_bad_values(item: str, message: str) -> None:
     with pytest.raises(OptionError) as caught:
         sort_options([f"ro,{item}"])
@@ -92,14 +113,17 @@ def test_a_repeatable_setting_collects_its_values() -> None:
 # -- allow_other without user_allow_other ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "allowed"), [
-    ("user_allow_other\n", True),
-    ("  user_allow_other  # yes\nmount_max = 10\n", True),
-    ("#user_allow_other\n", False),
-    ("# user_allow_other - allows users to use allow_other\n", False),
-    ("user_allow_others\n", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    ("text", "allowed"),
+    [
+        ("user_allow_other\n", True),
+        ("  user_allow_other  # yes\nmount_max = 10\n", True),
+        ("#user_allow_other\n", False),
+        ("# user_allow_other - allows users to use allow_other\n", False),
+        ("user_allow_others\n", False),
+        ("", False),
+    ],
+)
 def test_fuse_conf(text: str, allowed: bool) -> None:
     assert allows_other(text) is allowed
 
@@ -128,11 +152,15 @@ def test_allow_other_refused_for_an_unprivileged_user_before_anything_starts() -
         conf = os.path.join(folder, "fuse.conf")
         with open(conf, "w") as stream:
             stream.write("# user_allow_other\n")
-        become_nobody = ("import os, sys, stfs.cli, stfs.daemon, stfs.fuse_conf; os.setgroups([]); os.setgid(65534); "
-                         "os.setuid(65534); sys.exit(stfs.cli.main(sys.argv[1:]))")
+        become_nobody = (
+            "import os, sys, stfs.cli, stfs.daemon, stfs.fuse_conf; os.setgroups([]); os.setgid(65534); "
+            "os.setuid(65534); sys.exit(stfs.cli.main(sys.argv[1:]))"
+        )
         for argv in (["mount", model, folder], [model, folder]):
-            result = run([sys.executable, "-c", become_nobody, *argv, "-o", "ro,allow_other"],
-                         env={**os.environ, "STFS_FUSE_CONF": conf})
+            result = run(
+                [sys.executable, "-c", become_nobody, *argv, "-o", "ro,allow_other"],
+                env={**os.environ, "STFS_FUSE_CONF": conf},
+            )
             assert result.returncode == 1
             refusal = f"-o allow_other: only root may use it unless {conf} has a line user_allow_other"
             assert result.stderr == f"stfs: {refusal}\n"
@@ -142,15 +170,18 @@ def test_allow_other_refused_for_an_unprivileged_user_before_anything_starts() -
 # -- the command line --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["/srv/m", "/mnt/m", "-o", "ro,dev,suid"], ["mount", "/srv/m", "/mnt/m", "-o", "ro,dev,suid"]),
-    (["m.safetensors", "mnt"], ["mount", "m.safetensors", "mnt"]),
-    (["mount", "a", "b"], ["mount", "a", "b"]),
-    (["info", "a", "b"], ["info", "a", "b"]),
-    (["--debug", "info", "a"], ["--debug", "info", "a"]),
-    (["bogus"], ["bogus"]),  # one word is a mistyped command, not a mount
-    ([], []),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["/srv/m", "/mnt/m", "-o", "ro,dev,suid"], ["mount", "/srv/m", "/mnt/m", "-o", "ro,dev,suid"]),
+        (["m.safetensors", "mnt"], ["mount", "m.safetensors", "mnt"]),
+        (["mount", "a", "b"], ["mount", "a", "b"]),
+        (["info", "a", "b"], ["info", "a", "b"]),
+        (["--debug", "info", "a"], ["--debug", "info", "a"]),
+        (["bogus"], ["bogus"]),  # one word is a mistyped command, not a mount
+        ([], []),
+    ],
+)
 def test_mount8_form(argv: list[str], expected: list[str]) -> None:
     assert mount8_form(argv) == expected
 
@@ -159,11 +190,18 @@ def planned(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
     """What ``main(argv)`` passes to ``plan_mount`` (stopped there, nothing mounted)."""
     seen: dict[str, Any] = {}
 
-    def plan_mount(source: LocalFiles, key: str, mountpoint: str, layout: str, options: list[str],
-                   threads: bool) -> None:
-        seen.update(source=key, mountpoint=mountpoint, layout=layout, options=options,
-                    max_open_files=source.max_open, threads=threads and source.threaded,
-                    keep_source_cache=not source.drop_behind)
+    def plan_mount(
+        source: LocalFiles, key: str, mountpoint: str, layout: str, options: list[str], threads: bool
+    ) -> None:
+        seen.update(
+            source=key,
+            mountpoint=mountpoint,
+            layout=layout,
+            options=options,
+            max_open_files=source.max_open,
+            threads=threads and source.threaded,
+            keep_source_cache=not source.drop_behind,
+        )
         raise MountError("planned")
 
     monkeypatch.setattr(daemon, "plan_mount", plan_mount)
@@ -172,19 +210,60 @@ def planned(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
 
 
 def test_o_settings_are_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    by_flags = planned(monkeypatch, ["mount", "s", "m", "--layout", "flat", "--log-file", "x", "--max-open-files", "3",
-                                     "--threads", "--keep-source-cache", "-o", "kernel_cache"])
-    by_o = planned(monkeypatch, ["s", "m", "-o", "layout=flat,log_file=x,max_open_files=3,threads",
-                                 "-o", "keep_source_cache,kernel_cache,dev,suid,nofail"])
-    assert by_o == by_flags == {"source": os.path.abspath("s"), "mountpoint": "m", "layout": "flat",
-                                "options": ["kernel_cache"], "max_open_files": 3, "threads": True,
-                                "keep_source_cache": True}
+    by_flags = planned(
+        monkeypatch,
+        [
+            "mount",
+            "s",
+            "m",
+            "--layout",
+            "flat",
+            "--log-file",
+            "x",
+            "--max-open-files",
+            "3",
+            "--threads",
+            "--keep-source-cache",
+            "-o",
+            "kernel_cache",
+        ],
+    )
+    by_o = planned(
+        monkeypatch,
+        [
+            "s",
+            "m",
+            "-o",
+            "layout=flat,log_file=x,max_open_files=3,threads",
+            "-o",
+            "keep_source_cache,kernel_cache,dev,suid,nofail",
+        ],
+    )
+    assert (
+        by_o
+        == by_flags
+        == {
+            "source": os.path.abspath("s"),
+            "mountpoint": "m",
+            "layout": "flat",
+            "options": ["kernel_cache"],
+            "max_open_files": 3,
+            "threads": True,
+            "keep_source_cache": True,
+        }
+    )
 
 
 def test_defaults_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     assert planned(monkeypatch, ["mount", "s", "m"]) == {
-        "source": os.path.abspath("s"), "mountpoint": "m", "layout": "nested", "options": [], "max_open_files": 256,
-        "threads": False, "keep_source_cache": False}
+        "source": os.path.abspath("s"),
+        "mountpoint": "m",
+        "layout": "nested",
+        "options": [],
+        "max_open_files": 256,
+        "threads": False,
+        "keep_source_cache": False,
+    }
 
 
 def test_rw_warns_on_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

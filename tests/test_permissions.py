@@ -88,11 +88,16 @@ def test_with_allow_other_others_read_but_never_write(model: str, open_dir: str)
             result = as_nobody(*command)
             assert result.returncode != 0, command
             assert "Permission denied" in result.stderr or "Read-only file system" in result.stderr, (
-                command, result.stderr)
+                command,
+                result.stderr,
+            )
         with open(path, "rb") as stream:
             assert stream.read() == tensor_bytes(model, "model.w")
-        modes = {stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode)
-                 for folder, folders, files in os.walk(mnt) for name in folders + files}
+        modes = {
+            stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode)
+            for folder, folders, files in os.walk(mnt)
+            for name in folders + files
+        }
         assert modes == {0o444, 0o555}
 
 
@@ -118,8 +123,12 @@ def test_no_path_leads_outside_the_mount(open_dir: str, layout: str) -> None:
                 assert stream.read() == arrays[name].tobytes()
 
 
-ESCAPING_SHARDS = ["../outside.safetensors", "/ABS/outside.safetensors", "sub/../../outside.safetensors",
-                   "..\\outside.safetensors"]
+ESCAPING_SHARDS = [
+    "../outside.safetensors",
+    "/ABS/outside.safetensors",
+    "sub/../../outside.safetensors",
+    "..\\outside.safetensors",
+]
 
 
 @pytest.mark.parametrize("shard", ESCAPING_SHARDS)
@@ -153,8 +162,11 @@ def test_a_symlinked_shard_is_served_as_bytes_not_as_a_link(open_dir: str) -> No
         assert not os.path.islink(path) and stat.S_ISREG(os.lstat(path).st_mode)
         with open(path, "rb") as stream:
             assert stream.read() == np.arange(5, dtype=np.int64).tobytes()
-        assert all(not os.path.islink(os.path.join(folder, name))
-                   for folder, folders, files in os.walk(mnt) for name in folders + files)
+        assert all(
+            not os.path.islink(os.path.join(folder, name))
+            for folder, folders, files in os.walk(mnt)
+            for name in folders + files
+        )
 
 
 HOLDERS = {
@@ -167,8 +179,13 @@ HOLDERS = {
 def test_unmounting_a_busy_mount_says_busy_and_lazy_works(model: str, open_dir: str, holder: str) -> None:
     with mounted(model, _mountpoint(open_dir)) as mnt:
         path = os.path.join(mnt, "tensors", "model", "w")
-        process = subprocess.Popen([sys.executable, "-c", HOLDERS[holder], path], cwd=mnt, stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-c", HOLDERS[holder], path],
+            cwd=mnt,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert process.stdout is not None and process.stdout.readline().strip() == "ready"
             result = run([sys.executable, "-m", "stfs", "unmount", mnt])

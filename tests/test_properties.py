@@ -26,13 +26,18 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 ANY_CHAR = (
     st.characters(min_codepoint=0, max_codepoint=0x10FFFF, blacklist_categories=())
     | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
-    | st.sampled_from(".\x00/%\\\"é\u0301🦀")
+    | st.sampled_from('.\x00/%\\"é\u0301🦀')
 )
 ODD_TEXT = st.text(ANY_CHAR, max_size=12) | st.sampled_from(["", ".", "..", "a..b", "/", "\x00", "\ud800", "é", "🦀"])
 HUGE_INTS = st.sampled_from([-1, -(2**63), 2**32, 2**53 + 1, 2**63, 2**64 - 1, 2**64, 2**128, 10**30, 10**400])
 SCALARS = (
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | HUGE_INTS
-    | st.floats(allow_nan=False, allow_infinity=False) | ODD_TEXT | st.sampled_from(list(DTYPE_BITS))
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | HUGE_INTS
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | ODD_TEXT
+    | st.sampled_from(list(DTYPE_BITS))
 )
 JSON_VALUES = st.recursive(
     SCALARS,
@@ -158,9 +163,21 @@ def set_at(document: dict[str, Any], route: list[Any], value: Any) -> None:
 
 
 ROUTES = [
-    ["__metadata__"], ["__metadata__", "k"], ["__metadata__", "new"], ["a.weight"], ["a.weight", "dtype"],
-    ["a.weight", "shape"], ["a.weight", "shape", 0], ["a.weight", "data_offsets"], ["a.weight", "data_offsets", 1],
-    ["a.bias", "data_offsets", 0], ["b", "shape", 0], ["c", "shape"], ["d", "dtype"], ["d", "extra"], ["new.tensor"],
+    ["__metadata__"],
+    ["__metadata__", "k"],
+    ["__metadata__", "new"],
+    ["a.weight"],
+    ["a.weight", "dtype"],
+    ["a.weight", "shape"],
+    ["a.weight", "shape", 0],
+    ["a.weight", "data_offsets"],
+    ["a.weight", "data_offsets", 1],
+    ["a.bias", "data_offsets", 0],
+    ["b", "shape", 0],
+    ["c", "shape"],
+    ["d", "dtype"],
+    ["d", "extra"],
+    ["new.tensor"],
 ]
 
 
@@ -171,8 +188,9 @@ ROUTES = [
     padding=st.integers(0, 9),
     data_delta=st.integers(-2, 2),
 )
-def test_json_value_replacement(tmp_path: Path, edits: list[tuple[list[Any], Any]], ascii_only: bool, padding: int,
-                                data_delta: int) -> None:
+def test_json_value_replacement(
+    tmp_path: Path, edits: list[tuple[list[Any], Any]], ascii_only: bool, padding: int, data_delta: int
+) -> None:
     document = valid_header()
     for route, value in edits:
         with contextlib.suppress(TypeError, IndexError, KeyError):  # an earlier edit replaced the container
@@ -235,15 +253,25 @@ def shard_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 INDEX_VALUES = JSON_VALUES | st.sampled_from(
-    ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "other.safetensors", "missing.safetensors",
-     "../model-00001-of-00002.safetensors", "/etc/passwd", "model.safetensors.index.json", ".", ""]
+    [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "other.safetensors",
+        "missing.safetensors",
+        "../model-00001-of-00002.safetensors",
+        "/etc/passwd",
+        "model.safetensors.index.json",
+        ".",
+        "",
+    ]
 )
 
 
 @SETTINGS
 @given(
     weight_map=st.dictionaries(
-        st.sampled_from(["model.embed_tokens.weight", "lm_head.weight", "z", "ghost"]) | ODD_TEXT, INDEX_VALUES,
+        st.sampled_from(["model.embed_tokens.weight", "lm_head.weight", "z", "ghost"]) | ODD_TEXT,
+        INDEX_VALUES,
         max_size=6,
     ),
     extra=st.dictionaries(st.sampled_from(["metadata", "weight_map", "x"]), JSON_VALUES, max_size=2),

@@ -19,8 +19,6 @@ pytestmark = pytest.mark.timeout(300)
 GIB = 1 << 30
 
 
-
-
 def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -73,8 +71,12 @@ def test_tensor_over_4_gib_at_offsets_past_2_32(tmp_path, mount: MountFn) -> Non
         stream.write(struct.pack("<Q", len(body)) + body + b"headhea")
         stream.truncate(data_start + 7 + huge + 12)
     huge_start = data_start + 7  # not page-aligned
-    marks = {0: b"first bytes", 2**32 - huge_start - 5: b"across 2**32", 2**32 + 1234: b"past 2**32",
-             huge - 9: b"last one!"}
+    marks = {
+        0: b"first bytes",
+        2**32 - huge_start - 5: b"across 2**32",
+        2**32 + 1234: b"past 2**32",
+        huge - 9: b"last one!",
+    }
     fd = os.open(path, os.O_WRONLY)
     try:
         for position, mark in marks.items():

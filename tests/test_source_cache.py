@@ -22,8 +22,9 @@ pytestmark = pytest.mark.skipif(shutil.which("fincore") is None, reason="fincore
 
 
 def resident(path: str) -> int:
-    result = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", path], capture_output=True, text=True, check=True
+    )
     return int(result.stdout.split()[0])
 
 
@@ -78,8 +79,10 @@ def _pending(fd: int) -> bool:
     return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] > 0
 
 
-@pytest.mark.parametrize(("splice", "threaded", "shuffle"),
-                         [(True, False, False), (False, False, False), (True, True, True), (False, True, True)])
+@pytest.mark.parametrize(
+    ("splice", "threaded", "shuffle"),
+    [(True, False, False), (False, False, False), (True, True, True), (False, True, True)],
+)
 def test_served_pages_leave_the_source_cache(source: str, splice: bool, threaded: bool, shuffle: bool) -> None:
     files = LocalFiles({}, threaded=threaded)
     serve(files, source, requests(SIZE, shuffle), splice)

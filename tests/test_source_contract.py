@@ -67,8 +67,7 @@ def test_walk_lists_every_file_below_sorted(published: tuple[ByteSource, str]) -
     keys = source.walk(root)
     assert keys == sorted(keys)
     assert [relative_key(root, key) for key in keys] == sorted(FILES)
-    assert [relative_key(root, key) for key in source.walk(join_key(root, "sub"))] == ["sub/b.bin",
-                                                                                       "sub/deeper/c.json"]
+    assert [relative_key(root, key) for key in source.walk(join_key(root, "sub"))] == ["sub/b.bin", "sub/deeper/c.json"]
 
 
 def test_stat_gives_size_and_a_version(published: tuple[ByteSource, str]) -> None:

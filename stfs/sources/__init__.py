@@ -3,25 +3,39 @@
 import os
 
 from .base import (
-           PAGE,
-           ByteSource,
-           FileInfo,
-           Kind,
-           SourceChanged,
-           SpliceSource,
-           base_name,
-           join_key,
-           parent_key,
-           relative_key,
+    PAGE,
+    ByteSource,
+    FileInfo,
+    Kind,
+    SourceChanged,
+    SpliceSource,
+    base_name,
+    join_key,
+    parent_key,
+    relative_key,
 )
 from .local import DEFAULT_MAX_OPEN_FILES, Expectation, LocalFiles
 
-__all__ = ["DEFAULT_MAX_OPEN_FILES", "PAGE", "ByteSource", "Expectation", "FileInfo", "Kind", "LocalFiles",
-           "SourceChanged", "SpliceSource", "base_name", "join_key", "parent_key", "relative_key"]
+__all__ = [
+    "DEFAULT_MAX_OPEN_FILES",
+    "PAGE",
+    "ByteSource",
+    "Expectation",
+    "FileInfo",
+    "Kind",
+    "LocalFiles",
+    "SourceChanged",
+    "SpliceSource",
+    "base_name",
+    "join_key",
+    "parent_key",
+    "relative_key",
+]
 
 
-def open_source(text: str, *, max_open_files: int = DEFAULT_MAX_OPEN_FILES, threads: bool = False,
-                keep_source_cache: bool = False) -> tuple[ByteSource, str]:
+def open_source(
+    text: str, *, max_open_files: int = DEFAULT_MAX_OPEN_FILES, threads: bool = False, keep_source_cache: bool = False
+) -> tuple[ByteSource, str]:
     """The byte source SOURCE (as given on the command line) lives in, and its key there.
 
     ``keep_source_cache`` leaves a local source's page cache alone instead of dropping pages once

@@ -87,7 +87,7 @@ class SpliceSource(ByteSource, Protocol):
 
 def _split(key: str) -> tuple[str, str]:
     match = _PREFIX.match(key)
-    return (match.group(), key[match.end():]) if match else ("", key)
+    return (match.group(), key[match.end() :]) if match else ("", key)
 
 
 def join_key(folder: str, relative: str) -> str:

@@ -99,8 +99,13 @@ class LocalFiles:
 
     first_read = 8
 
-    def __init__(self, expected: dict[str, Expectation] | None = None, max_open: int = DEFAULT_MAX_OPEN_FILES,
-                 drop_behind: bool = True, threaded: bool = True) -> None:
+    def __init__(
+        self,
+        expected: dict[str, Expectation] | None = None,
+        max_open: int = DEFAULT_MAX_OPEN_FILES,
+        drop_behind: bool = True,
+        threaded: bool = True,
+    ) -> None:
         self._expected = dict(expected or {})
         self.max_open = max_open
         self._open: _ClosingLRU = _ClosingLRU(maxsize=max_open)
