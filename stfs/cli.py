@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from . import __version__, errors
 from .model import discover, load
 from .options import OptionError, positive_int, sort_options
-from .sources import DEFAULT_MAX_OPEN_FILES, open_source
+from .sources import open_source
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -60,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument(
         "--max-open-files",
         type=positive_int,
-        default=DEFAULT_MAX_OPEN_FILES,
+        default=None,
         metavar="N",
-        help=f"source files kept open at once (default {DEFAULT_MAX_OPEN_FILES})",
+        help="source files held open at once (default: all, as the descriptor limit allows; past N the least "
+        "recently used are closed and reopened only if their path still holds the mounted file)",
     )
     mount.add_argument(
         "--threads",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from . import errors
 from .model import resolve
-from .sources import ByteSource, Expectation, LocalFiles
+from .sources import ByteSource
 from .tree import Tree
 from .views import build_tree
 
@@ -83,10 +83,6 @@ def plan_mount(
     finally:
         if collecting:
             gc.enable()
-    if isinstance(source, LocalFiles):
-        for model in models:
-            for shard in model.shards:
-                source.expect(shard.header.path, Expectation.of(shard.header))
     # commas would split the -o list; keep the name readable in `mount` output
     merged = {**DEFAULT_OPTIONS, "fsname": key.replace(",", "_"), **parse_options(options or [])}
     if threads:
@@ -173,9 +169,10 @@ def run_background(plan: MountPlan, log_file: str) -> int:
 def _wait_for_ready(read_end: int, pid: int) -> str:
     deadline = time.monotonic() + READY_TIMEOUT
     received = b""
+    poller = select.poll()  # not select(): with a thousand sources held open, descriptors pass FD_SETSIZE
+    poller.register(read_end, select.POLLIN)
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([read_end], [], [], 0.1)
-        if ready:
+        if poller.poll(100):
             chunk = os.read(read_end, 4096)
             if not chunk:
                 break

@@ -79,7 +79,7 @@ class Header:
     mtime_ns: int
     tensors: tuple[TensorEntry, ...]  # in the order the header lists them
     metadata: Mapping[str, str]
-    digest: bytes  # of the header bytes, to notice a file replaced under a mount
+    digest: bytes  # of the header bytes: tells two headers apart (diagnostics)
 
     @property
     def data_start(self) -> int:

@@ -9,6 +9,7 @@ request path. Any failure that is not already an errno becomes ``EIO`` with a lo
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -17,12 +18,13 @@ from typing import Any, TypeVar
 
 from ._libfuse import ENOATTR, STAT_FIELDS, FuseOSError, Operations
 from .nodes import DIR_MODE, FILE_MODE, DirNode, FileNode, Node, Range, clamp, file_mode, read_into, tensor_xattrs
-from .sources import PAGE, ByteSource
+from .sources import PAGE, ByteSource, SourceChanged
 from .tree import NAME_MAX, Tree
 
 log = logging.getLogger(__name__)
 
 DAEMON_PID_XATTR = "user.stfs.pid"
+CHANGED_XATTR = "user.stfs.changed"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -147,7 +149,8 @@ class StfsOperations(Operations):
     def failed(self, key: str, offset: int, exc: Exception) -> FuseOSError:
         """The ``EIO`` a failed read of source ``key`` answers with; logged once per source (a truncated
         source under a busy reader would otherwise fill the log)."""
-        level = logging.DEBUG if key in self._failed_sources else logging.ERROR
+        # SourceChanged: the source has logged its one line already
+        level = logging.DEBUG if key in self._failed_sources or isinstance(exc, SourceChanged) else logging.ERROR
         self._failed_sources.add(key)
         log.log(
             level,
@@ -204,22 +207,30 @@ class StfsOperations(Operations):
 
     @eio_on_surprise
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        xattrs = self._xattrs(path)
+        node = self.node(path)
+        if node is self.tree.root and name == CHANGED_XATTR:
+            return self.changed_sources()
+        xattrs = self._xattrs(node)
         if name not in xattrs:
             raise FuseOSError(ENOATTR)
         return xattrs[name]
 
     @eio_on_surprise
     def listxattr(self, path: str) -> list[str]:
-        return list(self._xattrs(path))
-
-    def _xattrs(self, path: str) -> dict[str, bytes]:
         node = self.node(path)
+        return [*self._xattrs(node), *([CHANGED_XATTR] if node is self.tree.root else [])]
+
+    def _xattrs(self, node: Node) -> dict[str, bytes]:
         if type(node) is FileNode:
             return tensor_xattrs(node)
         if node is self.tree.root:  # which process serves this mount: for `kill`, monitoring and tests
             return {DAEMON_PID_XATTR: str(os.getpid()).encode()}
         return {}
+
+    def changed_sources(self) -> bytes:
+        """``user.stfs.changed``: the sources whose path no longer holds the mounted file, as a sorted JSON
+        array (asked of the source each time: a stat per local file)."""
+        return json.dumps(self.source.changed(), ensure_ascii=False).encode("utf-8", "surrogateescape")
 
     @eio_on_surprise
     def access(self, path: str, amode: int) -> int:

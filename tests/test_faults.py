@@ -26,7 +26,7 @@ import pytest
 
 from stfs.daemon import daemon_pid, is_dead_mount
 from stfs.model import read_header
-from stfs.sources import Expectation, LocalFiles, SourceChanged
+from stfs.sources import LocalFiles, SourceChanged
 from tests.helpers import MountFn
 from tests.models import sharded_arrays, write_numpy, write_sharded
 
@@ -173,7 +173,7 @@ def _rewritten(path: str) -> None:
         stream.write(data)
 
 
-def test_truncated_source_gives_eio_past_the_new_end(mount: MountFn, model: str) -> None:
+def test_truncated_source_gives_eio_or_old_bytes(mount: MountFn, model: str) -> None:
     mnt = mount(model)
     big = os.path.join(mnt, "tensors", "big")
     original = _original(mnt, "big")
@@ -186,10 +186,11 @@ def test_truncated_source_gives_eio_past_the_new_end(mount: MountFn, model: str)
     hammer.check()
     assert hammer.outcomes.ok > 0 and hammer.outcomes.failed.get(errno.EIO, 0) > 0
 
-    drop_cache(big)
-    with open(big, "rb") as stream:  # every byte before the new end is still right
-        for position in range(0, cut, 256 * 1024):
-            assert stream.read(256 * 1024) == original[position : position + 256 * 1024]
+    for position in range(0, cut, 256 * 1024):  # before the new end too: the mounted version is gone
+        drop_cache(big)
+        with pytest.raises(OSError) as caught:
+            read_at(big, position, 4096)
+        assert caught.value.errno == errno.EIO
     for position in (cut, cut + 4096, len(original) - 1):
         drop_cache(big)
         with pytest.raises(OSError) as caught:
@@ -202,9 +203,12 @@ def test_truncated_source_gives_eio_past_the_new_end(mount: MountFn, model: str)
     # the daemon is alive and the rest of the mount still serves
     assert os.path.ismount(mnt)
     assert sorted(os.listdir(os.path.join(mnt, "tensors"))) == ["big", "small", "tail"]
+    with open(os.path.join(mnt, "metadata", "v"), "rb") as stream:  # held in memory since validation
+        assert stream.read() == b"1\n"
     drop_cache(os.path.join(mnt, "header.json"))
-    with open(os.path.join(mnt, "header.json"), "rb") as stream:
-        assert stream.read().startswith(b"{")
+    with pytest.raises(OSError) as caught:  # a range of the changed source, like its tensors
+        read_at(os.path.join(mnt, "header.json"), 0, 100)
+    assert caught.value.errno == errno.EIO
 
 
 def test_source_rewritten_in_place_with_another_header(mount: MountFn, model: str) -> None:
@@ -258,9 +262,9 @@ def test_source_replaced_or_deleted_keeps_old_bytes_or_eio(mount: MountFn, model
     assert os.path.ismount(mnt)
 
 
-def test_a_shard_never_opened_before_deletion_gives_eio(mount: MountFn, tmp_path: os.PathLike) -> None:
-
-    index = write_sharded(os.path.join(str(tmp_path), "set"), sharded_arrays())
+def test_a_shard_never_read_before_deletion_still_serves(mount: MountFn, tmp_path: os.PathLike) -> None:
+    arrays = sharded_arrays()
+    index = write_sharded(os.path.join(str(tmp_path), "set"), arrays)
     mnt = mount(index)
     first = os.path.join(mnt, "tensors", "model", "embed_tokens", "weight")
     second = os.path.join(mnt, "tensors", "lm_head", "weight")
@@ -270,9 +274,8 @@ def test_a_shard_never_opened_before_deletion_gives_eio(mount: MountFn, tmp_path
             os.unlink(os.path.join(os.path.dirname(index), name))
     drop_cache(first)
     assert read_at(first, 0, 1 << 20) == before  # its descriptor is still open in the daemon
-    with pytest.raises(OSError) as caught:
-        read_at(second, 0, 16)
-    assert caught.value.errno == errno.EIO
+    # held open since it was validated, though never read through the mount
+    assert read_at(second, 0, 1 << 20) == arrays["model-00002-of-00002.safetensors"]["lm_head.weight"].tobytes()
     assert os.path.ismount(mnt)
 
 
@@ -280,8 +283,8 @@ def test_a_shard_never_opened_before_deletion_gives_eio(mount: MountFn, tmp_path
 
 
 def _local_files(path: str) -> tuple[LocalFiles, int]:
-    header = read_header(path)
-    return LocalFiles({path: Expectation.of(header)}), header.data_start
+    files = LocalFiles()
+    return files, read_header(path, files).data_start  # validated through the source: pinned
 
 
 def test_a_rewrite_landing_during_a_read_fails_that_read(
@@ -311,23 +314,23 @@ def test_a_rewrite_landing_during_a_read_fails_that_read(
     files.close()
 
 
-def test_a_failed_header_check_does_not_leak_the_descriptor(
-    tmp_path: os.PathLike, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = write_numpy(os.path.join(str(tmp_path), "m.safetensors"), {"w": np.zeros(16, np.uint8)})
-    files, data_start = _local_files(path)
+def test_a_failed_reopen_does_not_leak_the_descriptor(tmp_path: os.PathLike, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = [write_numpy(os.path.join(str(tmp_path), f"{n}.safetensors"), {"w": np.zeros(16, np.uint8)}) for n in "ab"]
+    files = LocalFiles(max_open=1)  # one descriptor: reading a, then b, then a again reopens a
+    starts = [read_header(path, files).data_start for path in paths]
+    assert files.read_into(paths[1], starts[1], memoryview(bytearray(4))) == 4
     before = len(os.listdir("/proc/self/fd"))
 
-    def failing_pread(*args: object) -> bytes:
+    def failing_fstat(*args: object) -> os.stat_result:
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(os, "pread", failing_pread)
+    monkeypatch.setattr(os, "fstat", failing_fstat)
     for _ in range(5):
         with pytest.raises(OSError):
-            files.read_into(path, data_start, memoryview(bytearray(4)))
+            files.read_into(paths[0], starts[0], memoryview(bytearray(4)))
     assert len(os.listdir("/proc/self/fd")) == before
     monkeypatch.undo()
-    assert files.read_into(path, data_start, memoryview(bytearray(4))) == 4
+    assert files.read_into(paths[0], starts[0], memoryview(bytearray(4))) == 4
     files.close()
 
 

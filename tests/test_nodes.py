@@ -55,7 +55,7 @@ def test_pieces_cover_a_read_exactly(source: str) -> None:
 def test_read_into_matches_the_bytes_anywhere(source: str) -> None:
     segments, expected = stitched(source)
     node = FileNode(1, 0, segments)
-    files = LocalFiles({})
+    files = LocalFiles()
     rng = random.Random(4)
     for _ in range(300):
         offset = rng.randrange(0, node.size + 10)
@@ -82,7 +82,7 @@ SERVER = textwrap.dedent("""
         tree.add_file([*base, "stitched"], model.mtime_ns, segments)
 
     tree = build_tree(resolve(model), views=(*VIEWS, stitched))
-    serve(StfsOperations(tree, LocalFiles({})), mountpoint, foreground=True, ro=True, nothreads=True,
+    serve(StfsOperations(tree, LocalFiles()), mountpoint, foreground=True, ro=True, nothreads=True,
           max_read=request_size(), use_ino=True)
 """)
 

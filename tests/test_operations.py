@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import numpy as np
@@ -11,7 +12,7 @@ from mfusepy import FuseOSError
 
 from stfs.fs import StfsOperations
 from stfs.model import resolve
-from stfs.sources import Expectation, LocalFiles, SourceChanged
+from stfs.sources import LocalFiles, SourceChanged
 from stfs.views import build_tree
 from tests.models import rich_arrays, tensor_bytes, write_numpy
 
@@ -21,10 +22,9 @@ def rich(tmp_path) -> str:  # noqa: ANN001
     return write_numpy(str(tmp_path / "rich.safetensors"), rich_arrays(), metadata={"format": "pt"})
 
 
-def operations_for(source: str) -> StfsOperations:
-    models = resolve(source)
-    expected = {s.header.path: Expectation.of(s.header) for m in models for s in m.shards}
-    return StfsOperations(build_tree(models), LocalFiles(expected))
+def operations_for(path: str) -> StfsOperations:
+    source = LocalFiles()  # validation pins each file; the operations read the pinned files
+    return StfsOperations(build_tree(resolve(path, source)), source)
 
 
 def errno_of(call, *args) -> int:  # noqa: ANN001, ANN002
@@ -87,13 +87,15 @@ def test_xattrs(rich: str) -> None:
     assert ops.listxattr("/tensors") == []
 
 
-def test_truncated_source_is_eio_only_past_its_end(tmp_path) -> None:  # noqa: ANN001
+def test_truncated_source_is_eio_for_every_read(tmp_path) -> None:  # noqa: ANN001
     source = write_numpy(str(tmp_path / "t.safetensors"), {"a": np.arange(1000.0), "b": np.arange(1000.0)})
     ops = operations_for(source)
     fh_a, fh_b = ops.open("/tensors/a", os.O_RDONLY), ops.open("/tensors/b", os.O_RDONLY)
-    os.truncate(source, os.path.getsize(source) - 100)
     assert ops.read("/tensors/a", 8000, 0, fh_a) == tensor_bytes(source, "a")
+    os.truncate(source, os.path.getsize(source) - 100)  # a change in place: the mounted version is gone
+    assert errno_of(ops.read, "/tensors/a", 8000, 0, fh_a) == errno.EIO  # bytes before the new end too
     assert errno_of(ops.read, "/tensors/b", 8000, 0, fh_b) == errno.EIO
+    assert json.loads(ops.getxattr("/", "user.stfs.changed")) == [source]
 
 
 def rewrite_in_place(source: str, arrays: dict[str, np.ndarray]) -> None:
@@ -113,13 +115,15 @@ def test_rewritten_header_is_eio(tmp_path) -> None:  # noqa: ANN001
     assert errno_of(ops.read, "/tensors/a", 16, 0, fh) == errno.EIO
 
 
-def test_same_header_rewritten_keeps_serving(tmp_path) -> None:  # noqa: ANN001
+def test_same_header_rewritten_is_eio_never_new_bytes(tmp_path) -> None:  # noqa: ANN001
     source = write_numpy(str(tmp_path / "t.safetensors"), {"a": np.arange(100.0)})
     ops = operations_for(source)
+    assert json.loads(ops.getxattr("/", "user.stfs.changed")) == []
     fh = ops.open("/tensors/a", os.O_RDONLY)
     ops.read("/tensors/a", 16, 0, fh)
-    rewrite_in_place(source, {"a": np.arange(100.0) + 1})
-    assert ops.read("/tensors/a", 800, 0, fh) == tensor_bytes(source, "a")
+    rewrite_in_place(source, {"a": np.arange(100.0) + 1})  # same header, same size, new bytes, mtime moved
+    assert errno_of(ops.read, "/tensors/a", 800, 0, fh) == errno.EIO
+    assert json.loads(ops.getxattr("/", "user.stfs.changed")) == [source]
 
 
 def test_replaced_by_rename_serves_the_old_bytes(tmp_path) -> None:  # noqa: ANN001
@@ -134,7 +138,7 @@ def test_replaced_by_rename_serves_the_old_bytes(tmp_path) -> None:  # noqa: ANN
 
 def test_open_descriptors_are_bounded(tmp_path) -> None:  # noqa: ANN001
     paths = [write_numpy(str(tmp_path / f"f{i}.safetensors"), {"x": np.full(10, i, np.int32)}) for i in range(12)]
-    files = LocalFiles({}, max_open=3)
+    files = LocalFiles(max_open=3)
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(2):
         for i, path in enumerate(paths):
@@ -147,7 +151,7 @@ def test_open_descriptors_are_bounded(tmp_path) -> None:  # noqa: ANN001
 
 
 def test_missing_file_raises_oserror(tmp_path) -> None:  # noqa: ANN001
-    files = LocalFiles({})
+    files = LocalFiles()
     with pytest.raises(OSError):
         files.read_into(str(tmp_path / "gone"), 0, memoryview(bytearray(4)))
     assert issubclass(SourceChanged, OSError)

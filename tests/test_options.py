@@ -17,7 +17,7 @@ from stfs.cli import main, mount8_form
 from stfs.errors import MountError
 from stfs.fuse_conf import allows_other, check_allow_other
 from stfs.options import READ_ONLY_WARNING, OptionError, Setting, choice, sort_options
-from stfs.sources import LocalFiles
+from stfs.sources import LocalFiles, descriptor_budget
 from tests.helpers import run
 from tests.models import write_numpy
 
@@ -260,7 +260,7 @@ def test_defaults_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
         "mountpoint": "m",
         "layout": "nested",
         "options": [],
-        "max_open_files": 256,
+        "max_open_files": descriptor_budget(),  # every source held open, as the descriptor limit allows
         "threads": False,
         "keep_source_cache": False,
     }

@@ -84,7 +84,7 @@ def _pending(fd: int) -> bool:
     [(True, False, False), (False, False, False), (True, True, True), (False, True, True)],
 )
 def test_served_pages_leave_the_source_cache(source: str, splice: bool, threaded: bool, shuffle: bool) -> None:
-    files = LocalFiles({}, threaded=threaded)
+    files = LocalFiles(threaded=threaded)
     serve(files, source, requests(SIZE, shuffle), splice)
     files.close()  # what is left of the runs goes when the descriptor is closed
     assert resident(source) <= 4 * 4096, resident(source)
@@ -96,7 +96,7 @@ def test_served_pages_go_behind_the_reader(source: str) -> None:
     left = {}
     for keep in (False, True):
         drop(source)
-        files = LocalFiles({}, drop_behind=not keep, threaded=False)  # as the daemon runs by default
+        files = LocalFiles(drop_behind=not keep, threaded=False)  # as the daemon runs by default
         serve(files, source, requests(SIZE // 2, shuffle=False), splice=True)
         left[keep] = resident(source)
         files.close()
@@ -105,7 +105,7 @@ def test_served_pages_go_behind_the_reader(source: str) -> None:
 
 def test_keep_source_cache(source: str) -> None:
     drop(source)
-    files = LocalFiles({}, drop_behind=False)
+    files = LocalFiles(drop_behind=False)
     serve(files, source, requests(SIZE, shuffle=False), splice=True)
     files.close()
     assert resident(source) >= SIZE
@@ -113,7 +113,7 @@ def test_keep_source_cache(source: str) -> None:
 
 def test_isolated_small_reads_are_left_alone(source: str) -> None:
     drop(source)
-    files = LocalFiles({})
+    files = LocalFiles()
     positions = random.Random(2).sample(range(0, SIZE // 4096), 200)
     for position in positions:
         buffer = bytearray(4096)

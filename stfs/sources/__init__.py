@@ -14,18 +14,17 @@ from .base import (
     parent_key,
     relative_key,
 )
-from .local import DEFAULT_MAX_OPEN_FILES, Expectation, LocalFiles
+from .local import LocalFiles, descriptor_budget
 
 __all__ = [
-    "DEFAULT_MAX_OPEN_FILES",
     "PAGE",
     "ByteSource",
-    "Expectation",
     "FileInfo",
     "Kind",
     "LocalFiles",
     "SourceChanged",
     "SpliceSource",
+    "descriptor_budget",
     "base_name",
     "join_key",
     "parent_key",
@@ -34,7 +33,7 @@ __all__ = [
 
 
 def open_source(
-    text: str, *, max_open_files: int = DEFAULT_MAX_OPEN_FILES, threads: bool = False, keep_source_cache: bool = False
+    text: str, *, max_open_files: int | None = None, threads: bool = False, keep_source_cache: bool = False
 ) -> tuple[ByteSource, str]:
     """The byte source SOURCE (as given on the command line) lives in, and its key there.
 

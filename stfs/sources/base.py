@@ -59,11 +59,19 @@ class ByteSource(Protocol):
         ...
 
     def stat(self, key: str) -> FileInfo:
-        """Size, modification time and version of the file ``key``; ``OSError`` if it cannot be had."""
+        """Size, modification time and version of the file ``key``; ``OSError`` if it cannot be had.
+
+        The first ``stat`` or read of a file pins its version: every later read returns the bytes of
+        that version or fails with ``SourceChanged`` (a mount is a snapshot)."""
         ...
 
     def read(self, key: str, offset: int, size: int) -> bytes:
         """``size`` bytes of ``key`` from ``offset``; fewer only at its end; ``OSError`` on failure."""
+        ...
+
+    def changed(self) -> list[str]:
+        """The keys, sorted, of the files read so far whose key no longer holds the version first seen
+        (changed in place, replaced, deleted), asked now."""
         ...
 
     def read_into(self, key: str, offset: int, buffer: memoryview) -> int:

@@ -2,7 +2,8 @@
 
 ``LocalFiles`` never maps a source: a source truncated under the mount gives
 a short read (EIO) where a mapping would raise SIGBUS and kill the daemon.
-Bytes reach the kernel one of two ways:
+It holds every source open from the moment it is validated (``LocalFiles``'s
+docstring has the snapshot rule). Bytes reach the kernel one of two ways:
 
 * ``splice_into`` puts the source's page-cache pages into a pipe by
   reference; libfuse splices that pipe into /dev/fuse, where the kernel copies
@@ -24,20 +25,19 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
+import resource
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from stat import S_ISDIR, S_ISREG
+from typing import NoReturn
 
 from cachetools import LRUCache
 
-from ..format import Header, header_digest
 from .base import PAGE, FileInfo, Kind, SourceChanged
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_OPEN_FILES = 256
+RESERVED_DESCRIPTORS = 128  # kept free of sources: /dev/fuse, pipes, logs, libfuse's own
 DROP_CHUNK = 2 << 20  # drop in 2 MiB-aligned pieces: a page straddling two requests goes too
 DROP_LAG = 2 << 20  # stay this far behind a run's newest byte: its pages may still sit in a pipe
 THREADED_DROP_LAG = 16 << 20  # with a thread pool, requests finish out of order and more are in flight
@@ -45,25 +45,50 @@ MAX_RUNS = 8  # contiguous read runs followed per source file
 SMALL_RUN = 64 << 10  # reads shorter than this that continue no run are not followed (nor dropped)
 
 
-@dataclass(frozen=True, slots=True)
-class Expectation:
-    """What a source file looked like when it was validated."""
+def descriptor_budget() -> int:
+    """How many sources may stay open: the soft ``RLIMIT_NOFILE``, raised to the hard limit, less a reserve."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:
+            log.debug("cannot raise RLIMIT_NOFILE to %s: %s", hard, exc)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(16, soft - RESERVED_DESCRIPTORS)
 
-    header_length: int
-    digest: bytes
 
-    @classmethod
-    def of(cls, header: Header) -> Expectation:
-        return cls(header_length=header.header_length, digest=header.digest)
+class _Pin:
+    """A source file as it was when first opened: the version every read of it must still find."""
+
+    __slots__ = ("key", "device", "inode", "size", "mtime_ns", "changed")
+
+    def __init__(self, key: str, stat: os.stat_result) -> None:
+        self.key = key
+        self.device, self.inode, self.size, self.mtime_ns = stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+        self.changed = False  # once seen, a change lasts for the life of the mount
+
+    def holds(self, stat: os.stat_result) -> bool:
+        """Whether ``stat`` describes the pinned file, unchanged."""
+        return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) == (
+            self.device,
+            self.inode,
+            self.size,
+            self.mtime_ns,
+        )
+
+    @property
+    def version(self) -> str:
+        return f"{self.device}:{self.inode}:{self.size}:{self.mtime_ns}"
 
 
 class _OpenFile:
-    __slots__ = ("fd", "inode", "size", "mtime_ns", "changed", "users", "evicted", "runs")
+    __slots__ = ("fd", "pin", "users", "evicted", "runs")
 
-    def __init__(self, fd: int, stat: os.stat_result) -> None:
+    def __init__(self, fd: int, pin: _Pin) -> None:
         self.fd = fd
-        self.inode, self.size, self.mtime_ns = stat.st_ino, stat.st_size, stat.st_mtime_ns  # last seen, checked
-        self.changed = False
+        self.pin = pin
         self.users = 0  # reads in flight: an evicted descriptor is closed by its last user
         self.evicted = False
         self.runs: list[list[int]] = []  # [start, end) of recent contiguous reads, newest last
@@ -95,21 +120,25 @@ class _ClosingLRU(LRUCache):
 
 
 class LocalFiles:
-    """Local files read with ``preadv`` or ``splice``; at most ``max_open`` descriptors stay open (LRU)."""
+    """Local files, each pinned when first opened and read with ``preadv`` or ``splice``.
+
+    A mount is a snapshot: a file is opened (and pinned: device, inode, size, mtime) the first time
+    it is stat'ed or read, which for a model's files is when they are validated, and the descriptor
+    is held until the mount ends. A file renamed over or deleted is still served from it; a file
+    changed in place (size or mtime differ from the pin) fails every read with ``SourceChanged``.
+    Only past ``max_open`` descriptors (default: what ``RLIMIT_NOFILE`` allows, ``descriptor_budget``)
+    are the least recently used closed; such a file is reopened by path only if the path still holds
+    the pinned file, else its reads fail too.
+    """
 
     first_read = 8
 
-    def __init__(
-        self,
-        expected: dict[str, Expectation] | None = None,
-        max_open: int = DEFAULT_MAX_OPEN_FILES,
-        drop_behind: bool = True,
-        threaded: bool = True,
-    ) -> None:
-        self._expected = dict(expected or {})
-        self.max_open = max_open
-        self._open: _ClosingLRU = _ClosingLRU(maxsize=max_open)
+    def __init__(self, max_open: int | None = None, drop_behind: bool = True, threaded: bool = True) -> None:
+        self.max_open = descriptor_budget() if max_open is None else max_open
+        self._pins: dict[str, _Pin] = {}
+        self._open: _ClosingLRU = _ClosingLRU(maxsize=self.max_open)
         self._lock = threading.Lock()
+        self._reported: set[str] = set()
         self.drop_behind = drop_behind
         # A single-threaded daemon skips the lock: two uncontended acquisitions are a tenth of a 4 KiB read.
         self.threaded = threaded
@@ -134,28 +163,42 @@ class LocalFiles:
         return sorted(keys)
 
     def stat(self, key: str) -> FileInfo:
-        info = os.stat(key)
-        version = f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
-        return FileInfo(key=key, size=info.st_size, mtime_ns=info.st_mtime_ns, version=version)
+        """The pinned version of ``key`` (opening and pinning it now if it was not)."""
+        handle = self._acquire(key)
+        try:
+            pin = handle.pin
+            return FileInfo(key=key, size=pin.size, mtime_ns=pin.mtime_ns, version=pin.version)
+        finally:
+            self._release(handle, 0, 0)
 
     def read(self, key: str, offset: int, size: int) -> bytes:
-        fd = os.open(key, os.O_RDONLY | os.O_CLOEXEC)
+        handle = self._acquire(key)
         try:
             chunks = []
-            while size > 0:
-                chunk = os.pread(fd, min(size, 1 << 30), offset)
+            end = min(offset + size, handle.pin.size)
+            while offset < end:
+                chunk = os.pread(handle.fd, min(end - offset, 1 << 30), offset)
                 if not chunk:
                     break
                 chunks.append(chunk)
-                size -= len(chunk)
                 offset += len(chunk)
+            self._verify(handle)
             return b"".join(chunks)
         finally:
-            os.close(fd)
+            self._release(handle, offset, 0)
 
-    def expect(self, key: str, expectation: Expectation) -> None:
-        """Check from now on that ``key`` still has the header it was validated with."""
-        self._expected[key] = expectation
+    def changed(self) -> list[str]:
+        """The keys of pinned files whose path no longer holds the pinned file (changed, replaced, deleted)."""
+        changed = []
+        for key, pin in list(self._pins.items()):
+            try:
+                now = os.stat(key)
+            except OSError:
+                changed.append(key)
+                continue
+            if pin.changed or not pin.holds(now):
+                changed.append(key)
+        return sorted(changed)
 
     def read_into(self, file: str, offset: int, buffer: memoryview) -> int:
         """Fill ``buffer`` with the bytes of ``file`` at ``offset``; return its length."""
@@ -176,9 +219,8 @@ class LocalFiles:
     def _transfer(self, file: str, offset: int, count: int, step: Callable[[int, int], int]) -> int:
         """Run ``step(fd, done)`` until ``count`` bytes moved (or a pipe is full), then check the source.
 
-        The check comes *after* the bytes moved: a source truncated or rewritten before the read or
-        during it fails it alike (a writer puts the new header first), so new bytes are never handed
-        out as the mounted tensor's, and a check before it would only repeat the ``fstat``.
+        The check comes *after* the bytes moved: a source changed before the read or during it fails
+        it alike, so new bytes are never handed out as the mounted ones.
         """
         handle = self._acquire(file)
         done = 0
@@ -189,15 +231,15 @@ class LocalFiles:
                 except BlockingIOError:  # the pipe is full
                     break
                 if moved == 0:
-                    raise SourceChanged(f"{file} ends at byte {offset + done}: truncated since it was mounted")
+                    self._changed(handle.pin, f"it ends at byte {offset + done}")
                 done += moved
-            self._verify(file, handle, offset + count)
+            self._verify(handle)
             return done
         finally:
             self._release(handle, offset, done)
 
     def _acquire(self, file: str) -> _OpenFile:
-        """The open descriptor of ``file`` (opened, and its header checked, if it was not)."""
+        """The open descriptor of ``file``: held since it was pinned, or (re)opened and checked now."""
         threaded = self.threaded
         if threaded:
             self._lock.acquire()
@@ -209,30 +251,41 @@ class LocalFiles:
         finally:
             if threaded:
                 self._lock.release()
+        if handle.pin.changed:
+            self._release(handle, 0, 0)
+            raise SourceChanged(f"{file} has changed since it was mounted")
         return handle
-
-    def _verify(self, file: str, handle: _OpenFile, end: int) -> None:
-        """Raise ``SourceChanged`` unless ``file`` still has its mounted header and at least ``end`` bytes."""
-        stat = os.fstat(handle.fd)
-        if stat.st_mtime_ns != handle.mtime_ns or stat.st_size != handle.size or stat.st_ino != handle.inode:
-            with self._lock:
-                self._recheck(file, handle, stat)
-        if handle.changed:
-            raise SourceChanged(f"{file} was replaced or rewritten since it was mounted")
-        if end > stat.st_size:
-            raise SourceChanged(f"{file} is {stat.st_size} bytes: truncated since it was mounted")
 
     def _open_file(self, file: str) -> _OpenFile:
         fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
         try:
             stat = os.fstat(fd)
-            handle = _OpenFile(fd, stat)
-            self._recheck(file, handle, stat)
+            pin = self._pins.get(file)
+            if pin is None:
+                pin = self._pins[file] = _Pin(file, stat)
+            elif not pin.holds(stat):  # reopened after its descriptor was closed for room: must be the same file
+                self._changed(pin, "its path holds another file now")
         except BaseException:
             os.close(fd)
             raise
+        handle = _OpenFile(fd, pin)
         self._open[file] = handle  # may evict (and close) the least recently used
         return handle
+
+    def _verify(self, handle: _OpenFile) -> None:
+        """Raise ``SourceChanged`` unless the file is still the size and age it was pinned at."""
+        stat = os.fstat(handle.fd)
+        pin = handle.pin
+        if stat.st_size != pin.size or stat.st_mtime_ns != pin.mtime_ns:
+            self._changed(pin, f"it is now {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns")
+
+    def _changed(self, pin: _Pin, detail: str) -> NoReturn:
+        """Mark ``pin``'s file changed for good, log it once, and fail the read at hand."""
+        pin.changed = True
+        if pin.key not in self._reported:
+            self._reported.add(pin.key)
+            log.error("%s changed since it was mounted (%s); its reads now fail with EIO", pin.key, detail)
+        raise SourceChanged(f"{pin.key} has changed since it was mounted ({detail})")
 
     def _release(self, handle: _OpenFile, offset: int, count: int) -> None:
         threaded = self.threaded
@@ -281,20 +334,6 @@ class LocalFiles:
         if len(runs) > MAX_RUNS:
             old_start, old_end = runs.pop(0)
             _drop(handle.fd, old_start, old_end)
-
-    def _recheck(self, file: str, handle: _OpenFile, stat: os.stat_result) -> None:
-        expected = self._expected.get(file)
-        if expected is not None and not handle.changed:
-            head = os.pread(handle.fd, 8 + expected.header_length, 0)
-            same = (
-                len(head) == 8 + expected.header_length
-                and struct.unpack("<Q", head[:8])[0] == expected.header_length
-                and header_digest(head[8:]) == expected.digest
-            )
-            if not same:
-                log.error("%s: header differs from the one mounted; its reads now fail with EIO", file)
-                handle.changed = True
-        handle.inode, handle.size, handle.mtime_ns = stat.st_ino, stat.st_size, stat.st_mtime_ns
 
     def open_count(self) -> int:
         """Descriptors open now (for tests and diagnosis)."""
