@@ -9,12 +9,14 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from . import __version__, errors
 from .model import discover, load
-from .options import OptionError, positive_int, sort_options
+from .options import OptionError, positive_int, seconds, size_bytes, sort_options
 from .sources import open_source
+from .sources.remote import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT
+from .sources.urls import is_url, secrets_of
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -76,6 +78,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the source's page cache; by default pages served into the mount's own cache "
         "are dropped from the source's, so each page is in RAM once",
     )
+    mount.add_argument(
+        "--cache-size",
+        type=_option_type(size_bytes),
+        default=DEFAULT_CACHE_SIZE,
+        metavar="SIZE",
+        help="remote sources: bytes of fetched blocks kept in memory, K/M/G suffixes (default 1G)",
+    )
+    mount.add_argument(
+        "--cache-dir", metavar="DIR", help="remote sources: also keep fetched blocks in DIR, across mounts"
+    )
+    mount.add_argument(
+        "--timeout",
+        type=_option_type(seconds),
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"remote sources: a read gives up with EIO after this long (default {DEFAULT_TIMEOUT:g})",
+    )
 
     unmount = commands.add_parser("unmount", help="unmount, also a mount whose daemon died")
     _common(unmount)
@@ -93,6 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _option_type(read: Callable[[str | None], object]) -> Callable[[str], object]:
+    """An argparse type from an ``options`` reader: its ValueError becomes a usage error."""
+
+    def convert(value: str) -> object:
+        try:
+            return read(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
 def _checked_options(value: str) -> str:
     """An ``-o`` value, unchanged once its stfs settings are known to be valid (else a usage error)."""
     try:
@@ -103,31 +134,40 @@ def _checked_options(value: str) -> str:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from .daemon import default_log_file, plan_mount, run_background, run_foreground
+    from .daemon import MountPlan, check_mountpoint, default_log_file, plan_mount, run_background, run_foreground
     from .fuse_conf import check_allow_other, fuse_conf_path
+    from .secrets import hide_from_command_line
 
     options = sort_options(args.options)
     vars(args).update(options.settings)  # `-o layout=flat` is `--layout flat`; given both ways, -o wins
     for warning in options.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
     check_allow_other(options.fuse, os.getuid(), fuse_conf_path())
-    source, key = open_source(
-        args.source, max_open_files=args.max_open_files, threads=args.threads, keep_source_cache=args.keep_source_cache
-    )
-    plan = plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=args.threads)
-    for warning in plan.warnings:
-        print(f"stfs: warning: {warning}", file=sys.stderr)
+    if args.whole_program:
+        hide_from_command_line(secrets_of(args.source))  # a URL's password: not in /proc/PID/cmdline
+    remote = is_url(args.source)
+    threads = args.threads or remote  # a request that waits on the network must not hold up the others
+
+    def make_plan() -> MountPlan:
+        source, key = open_source(
+            args.source,
+            max_open_files=args.max_open_files,
+            threads=threads,
+            keep_source_cache=args.keep_source_cache,
+            cache_size=args.cache_size,
+            timeout=args.timeout,
+            cache_dir=args.cache_dir,
+        )
+        return plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=threads)
+
     if args.foreground:
+        plan = make_plan()
+        for warning in plan.warnings:
+            print(f"stfs: warning: {warning}", file=sys.stderr)
         run_foreground(plan, debug=args.debug)
     else:
-        run_background(plan, args.log_file or default_log_file(plan.mountpoint))
-        if args.whole_program:
-            # The tree now lives in the daemon; tearing down this process's copy object by object
-            # would add a tenth of a second per 100,000 tensors to every mount.
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_OK)
+        check_mountpoint(os.path.abspath(args.mountpoint))
+        run_background(make_plan, args.mountpoint, args.log_file or default_log_file(args.mountpoint))
     return EXIT_OK
 
 

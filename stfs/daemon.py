@@ -148,54 +148,84 @@ def _serve(plan: MountPlan, then: Callable[[], None], debug: bool = False) -> No
     serve(operations, plan.mountpoint, foreground=True, debug=debug, **options)
 
 
-def run_background(plan: MountPlan, log_file: str) -> int:
-    """Fork a daemon that serves ``plan``; return its PID once the mount is ready, or raise ``MountError``."""
-    gc.freeze()  # the tree lives as long as the daemon: no collection need ever look at it again
+def run_background(make_plan: Callable[[], MountPlan], mountpoint: str, log_file: str) -> int:
+    """Fork a daemon that plans (``make_plan()``: validation, the tree) and serves; return its PID once the
+    mount is ready. A validation error comes back as ``StfsError`` (its one line), any other failure as
+    ``MountError``; the planning's warnings are printed here, on stderr.
+
+    Planning happens in the daemon, after the fork: a remote source's client (obstore) has threads that
+    would not survive a fork, and a local source's descriptors are held by the process that serves.
+    """
     read_end, write_end = os.pipe()
-    pid = os.fork()  # before any thread exists: libfuse starts its threads in the child
+    pid = os.fork()  # before any thread exists: the source's and libfuse's threads start in the child
     if pid == 0:
         os.close(read_end)
-        _daemon_main(plan, log_file, write_end)
+        _daemon_main(make_plan, log_file, write_end)
     os.close(write_end)
-    message = _wait_for_ready(read_end, pid)
-    os.close(read_end)
-    if message != "ok":
+    try:
+        for kind, message in _messages(read_end):
+            if kind == "warning":
+                print(f"stfs: warning: {message}", file=sys.stderr)
+            elif kind == "ok":
+                return pid
+            elif kind == "error":
+                raise errors.StfsError(message)
+            else:
+                raise errors.MountError(f"{os.path.abspath(mountpoint)}: mount failed: {message} (log: {log_file})")
+    finally:
+        os.close(read_end)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        raise errors.MountError(f"{plan.mountpoint}: mount failed: {message} (log: {log_file})")
-    return pid
+    raise errors.MountError(f"{os.path.abspath(mountpoint)}: mount failed: no answer (log: {log_file})")
 
 
-def _wait_for_ready(read_end: int, pid: int) -> str:
-    deadline = time.monotonic() + READY_TIMEOUT
-    received = b""
+def _messages(read_end: int) -> Iterator[tuple[str, str]]:
+    """``(kind, text)`` lines from the daemon until it says ``ok`` or fails; a silence of READY_TIMEOUT ends them."""
     poller = select.poll()  # not select(): with a thousand sources held open, descriptors pass FD_SETSIZE
     poller.register(read_end, select.POLLIN)
+    deadline = time.monotonic() + READY_TIMEOUT
+    pending = b""
     while time.monotonic() < deadline:
-        if poller.poll(100):
-            chunk = os.read(read_end, 4096)
-            if not chunk:
-                break
-            received += chunk
-            if received.endswith(b"\n"):
-                break
-    text = received.decode("utf-8", "replace").strip()
-    if not text:
-        return "the daemon exited before the mount was ready" if received == b"" else "no answer"
-    return text
+        if not poller.poll(100):
+            continue
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            if pending.strip():
+                yield "failed", pending.decode("utf-8", "replace").strip()
+            yield "failed", "the daemon exited before the mount was ready"
+            return
+        pending += chunk
+        deadline = time.monotonic() + READY_TIMEOUT  # still planning (a big or remote model): wait on
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            kind, _, text = line.decode("utf-8", "surrogateescape").partition("\t")
+            yield (kind, text) if kind in ("ok", "warning", "error") else ("failed", line.decode("utf-8", "replace"))
+    yield "failed", "no answer"
 
 
-def _daemon_main(plan: MountPlan, log_file: str, ready_fd: int) -> None:
+def _daemon_main(make_plan: Callable[[], MountPlan], log_file: str, ready_fd: int) -> None:
     status = 1
+
+    def tell(kind: str, text: str = "") -> None:
+        os.write(ready_fd, f"{kind}\t{text}\n".encode("utf-8", "surrogateescape"))
+
     try:
         os.setsid()
+        try:
+            plan = make_plan()
+        except errors.StfsError as exc:
+            tell("error", exc.message.replace("\n", " "))
+            return
+        for warning in plan.warnings:
+            tell("warning", warning)
+        gc.freeze()  # the tree lives as long as the daemon: no collection need ever look at it again
         _redirect_output(log_file)
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s", force=True
         )
 
         def report_ready() -> None:
-            os.write(ready_fd, b"ok\n")
+            tell("ok")
             os.close(ready_fd)
             log.info("serving %s at %s", plan.source, plan.mountpoint)
 

@@ -11,12 +11,18 @@ import math
 import os
 import posixpath
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from . import errors
 from .format import Header, encodable, fetch_header
+from .progress import Progress
 from .sources import ByteSource, Kind, LocalFiles, base_name, join_key, parent_key, relative_key
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 MODEL_SUFFIX = ".safetensors"
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -115,9 +121,12 @@ def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:
     """
     if source is None:
         source, key = LocalFiles(), os.path.abspath(key)
-    kind = source.kind(key)
-    if kind is Kind.FOLDER:
-        return _discover_folder(source, key)
+    try:
+        kind = source.kind(key)
+        if kind is Kind.FOLDER:
+            return _discover_folder(source, key)
+    except OSError as exc:
+        raise errors.SourceError(f"{key}: {exc.strerror or exc}") from None
     if kind is Kind.FILE:
         return [ModelSource(name="", path=key)]
     if kind is Kind.OTHER:
@@ -159,11 +168,11 @@ def _model_name(relative: str) -> str:
     return relative
 
 
-def load(model_source: ModelSource, source: ByteSource | None = None) -> Model:
+def load(model_source: ModelSource, source: ByteSource | None = None, progress: Progress | None = None) -> Model:
     """Read and check every header of ``model_source``; raise on the first broken rule (all shards are checked)."""
     source = source or LocalFiles()
     if model_source.is_index:
-        return _load_sharded(source, model_source)
+        return _load_sharded(source, model_source, progress or Progress())
     header = read_header(model_source.path, source)
     shard = Shard(name=base_name(model_source.path), header=header)
     return Model(
@@ -174,11 +183,15 @@ def load(model_source: ModelSource, source: ByteSource | None = None) -> Model:
     )
 
 
-def resolve(key: str, source: ByteSource | None = None) -> list[Model]:
+def resolve(key: str, source: ByteSource | None = None, progress: Progress | None = None) -> list[Model]:
     """Every model ``key`` names, validated; without ``source``, ``key`` is a local path."""
     if source is None:
         source, key = LocalFiles(), os.path.abspath(key)
-    return [load(model_source, source) for model_source in discover(key, source)]
+    progress = progress or Progress()
+    try:
+        return [load(model_source, source, progress) for model_source in discover(key, source)]
+    finally:
+        progress.finish()
 
 
 def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
@@ -243,7 +256,15 @@ def _shard_path(index: str, shard: str) -> str:
     return join_key(parent_key(index), shard)
 
 
-def _load_sharded(source: ByteSource, model_source: ModelSource) -> Model:
+def _each(function: Callable[[T], R], items: list[T], concurrency: int) -> list[R]:
+    """``function`` over ``items``, in order; ``concurrency`` at a time (a remote source reads headers in parallel)."""
+    if concurrency <= 1 or len(items) <= 1:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
+        return list(pool.map(function, items))
+
+
+def _load_sharded(source: ByteSource, model_source: ModelSource, progress: Progress) -> Model:
     index = model_source.path
     document, raw = _read_index(source, index)
     weight_map = _read_weight_map(index, document)
@@ -252,18 +273,30 @@ def _load_sharded(source: ByteSource, model_source: ModelSource) -> Model:
     # In shard-name order, not the weight_map's (usually sorted by tensor name): "the first shard" is model-00001.
     loaded: set[str] = set()
     spellings = sorted(set(weight_map.values()), key=lambda n: (_natural_key(posixpath.normpath(n)), len(n), n))
+    unique = []
     for shard_name in spellings:
         path = _shard_path(index, shard_name)
-        if path in loaded:  # one file spelled two ways ("a.safetensors", "./a.safetensors"): read it once
-            continue
-        loaded.add(path)
-        if source.kind(path) is not Kind.FILE:
-            problems.append(errors.MissingShard(f"{index}: shard {shard_name!r} named by weight_map is missing"))
-            continue
+        if path not in loaded:  # one file spelled two ways ("a.safetensors", "./a.safetensors"): read it once
+            loaded.add(path)
+            unique.append((shard_name, path))
+
+    def load_shard(item: tuple[str, str]) -> Shard | errors.StfsError:
+        shard_name, path = item
         try:
-            shards.append(Shard(name=shard_name, header=read_header(path, source)))
+            if source.kind(path) is not Kind.FILE:
+                return errors.MissingShard(f"{index}: shard {shard_name!r} named by weight_map is missing")
+            return Shard(name=shard_name, header=read_header(path, source))
         except errors.StfsError as exc:
-            problems.append(exc)
+            return exc
+        finally:
+            progress.step()
+
+    progress.start(len(unique))
+    for result in _each(load_shard, unique, source.concurrency):
+        if isinstance(result, Shard):
+            shards.append(result)
+        else:
+            problems.append(result)
     if problems:
         raise errors.InvalidModel(problems)
 

@@ -35,7 +35,7 @@ class Range:
 
 Segment = bytes | Range
 Segments = tuple[Segment, ...]
-ReadInto = Callable[[str, int, memoryview], int]  # a ByteSource's read_into(key, offset, buffer)
+ReadInto = Callable[[str, int, memoryview, tuple[int, int]], int]  # a ByteSource's read_into(key, offset, buffer, span)
 
 
 class FileNode:
@@ -116,7 +116,8 @@ def pieces(node: FileNode, offset: int, count: int) -> list[tuple[Segment, int, 
 def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadInto) -> int:
     """Fill the start of ``view`` (bytes) with ``node``'s bytes from ``offset``; return the count (clamped at its end).
 
-    ``read_source`` reads a ``Range`` (a source's ``read_into``); it may raise ``OSError``.
+    ``read_source`` reads a ``Range`` (a source's ``read_into``, told the whole range as its ``span``: a
+    remote source fetches and reads ahead within it); it may raise ``OSError``.
     """
     count = clamp(node, offset, len(view))
     segments = node.segments
@@ -124,11 +125,16 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
     if isinstance(segment, Range):  # a tensor: the one read a request costs
         if count < len(view):
             view = view[:count]
-        return read_source(segment.key, segment.offset + offset, view) if count else 0
+        return (
+            read_source(segment.key, segment.offset + offset, view, (segment.offset, segment.offset + segment.size))
+            if count
+            else 0
+        )
     done = 0
     for segment, start, length in pieces(node, offset, count):
         if type(segment) is Range:
-            got = read_source(segment.key, segment.offset + start, view[done : done + length])
+            span = (segment.offset, segment.offset + segment.size)
+            got = read_source(segment.key, segment.offset + start, view[done : done + length], span)
             if got != length:
                 raise OSError(f"{segment.key}: short read at byte {segment.offset + start}")
         else:

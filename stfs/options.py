@@ -33,6 +33,29 @@ def positive_int(value: str | None) -> int:
     return number
 
 
+def size_bytes(value: str | None) -> int:
+    """A byte count with an optional K, M or G suffix (powers of 1024): ``64M``."""
+    text = (value or "").strip().upper().removesuffix("B")
+    scale = 1024 ** ("KMG".index(text[-1]) + 1) if text[-1:] in ("K", "M", "G") else 1
+    try:
+        number = int(text[:-1] if scale > 1 else text)
+    except ValueError:
+        raise ValueError("must be a byte count such as 512M or 2G") from None
+    if number < 1:
+        raise ValueError("must be at least 1 byte")
+    return number * scale
+
+
+def seconds(value: str | None) -> float:
+    try:
+        number = float(value or "")
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+    if not number > 0:
+        raise ValueError("must be more than 0")
+    return number
+
+
 def choice(*names: str) -> Callable[[str | None], str]:
     def read(value: str | None) -> str:
         if value not in names:
@@ -51,14 +74,16 @@ class Setting:
     repeat: bool = False  # may be given again, each value added to a list (`view=npy,view=f32`)
 
 
-# One line per setting; `-o NAME=VALUE` then sets what `--NAME VALUE` sets. Later ones, e.g.:
-#   "view": Setting("views", choice("npy", "f32"), repeat=True), "cache_size": Setting("cache_size", size_bytes),
+# One line per setting; `-o NAME=VALUE` then sets what `--NAME VALUE` sets.
 SETTINGS: dict[str, Setting] = {
     "layout": Setting("layout", choice("nested", "flat")),
     "log_file": Setting("log_file", text),
     "max_open_files": Setting("max_open_files", positive_int),
     "threads": Setting("threads", flag),
     "keep_source_cache": Setting("keep_source_cache", flag),
+    "cache_size": Setting("cache_size", size_bytes),
+    "cache_dir": Setting("cache_dir", text),
+    "timeout": Setting("timeout", seconds),
 }
 
 # What mount(8) and mount.fuse3 put in the list for any filesystem. stfs files are 0444 and never change, so none

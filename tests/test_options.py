@@ -205,7 +205,7 @@ def planned(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
         raise MountError("planned")
 
     monkeypatch.setattr(daemon, "plan_mount", plan_mount)
-    assert main(argv) == 1
+    assert main([*argv, "-f"]) == 1  # in the foreground the plan is made in this process
     return seen
 
 

@@ -33,12 +33,29 @@ __all__ = [
 
 
 def open_source(
-    text: str, *, max_open_files: int | None = None, threads: bool = False, keep_source_cache: bool = False
+    text: str,
+    *,
+    max_open_files: int | None = None,
+    threads: bool = False,
+    keep_source_cache: bool = False,
+    cache_size: int | None = None,
+    timeout: float | None = None,
+    cache_dir: str | None = None,
 ) -> tuple[ByteSource, str]:
     """The byte source SOURCE (as given on the command line) lives in, and its key there.
 
-    ``keep_source_cache`` leaves a local source's page cache alone instead of dropping pages once
-    served (local.py); ``threads`` says requests may come from several threads at once.
+    A URL (``http(s)://``, ``s3://``, ``hf://``) is a remote source (``cache_size``, ``timeout``,
+    ``cache_dir`` apply); anything else a local path (``keep_source_cache`` leaves the source's page
+    cache alone instead of dropping pages once served; ``threads``: requests may come from several
+    threads at once).
     """
+    from .urls import is_url, open_remote
+
+    if is_url(text):
+        from .remote import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT
+
+        return open_remote(
+            text, cache_size=cache_size or DEFAULT_CACHE_SIZE, timeout=timeout or DEFAULT_TIMEOUT, cache_dir=cache_dir
+        )
     source = LocalFiles(max_open=max_open_files, drop_behind=not keep_source_cache, threaded=threads)
     return source, os.path.abspath(text)

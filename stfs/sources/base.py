@@ -49,6 +49,7 @@ class ByteSource(Protocol):
     """Lists, describes and reads the files of one source."""
 
     first_read: int  # bytes a header's first read asks for: 8 locally, ~100 KB where a request is costly
+    concurrency: int  # headers read at once: 1 locally, many where each read waits on a network
 
     def kind(self, key: str) -> Kind | None:
         """What ``key`` names, or ``None`` if nothing."""
@@ -74,8 +75,11 @@ class ByteSource(Protocol):
         (changed in place, replaced, deleted), asked now."""
         ...
 
-    def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
-        """Fill ``buffer`` with the bytes of ``key`` at ``offset``; return the count, short only at its end."""
+    def read_into(self, key: str, offset: int, buffer: memoryview, span: tuple[int, int] | None = None) -> int:
+        """Fill ``buffer`` with the bytes of ``key`` at ``offset``; return the count, short only at its end.
+
+        ``span`` is the range of the file being read (a tensor): a remote source keeps its fetches and
+        readahead inside it."""
         ...
 
     def close(self) -> None:

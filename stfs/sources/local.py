@@ -132,6 +132,7 @@ class LocalFiles:
     """
 
     first_read = 8
+    concurrency = 1
 
     def __init__(self, max_open: int | None = None, drop_behind: bool = True, threaded: bool = True) -> None:
         self.max_open = descriptor_budget() if max_open is None else max_open
@@ -200,7 +201,7 @@ class LocalFiles:
                 changed.append(key)
         return sorted(changed)
 
-    def read_into(self, file: str, offset: int, buffer: memoryview) -> int:
+    def read_into(self, file: str, offset: int, buffer: memoryview, span: tuple[int, int] | None = None) -> int:
         """Fill ``buffer`` with the bytes of ``file`` at ``offset``; return its length."""
         view = buffer if buffer.format == "B" else buffer.cast("B")
         return self._transfer(file, offset, len(view), lambda fd, done: os.preadv(fd, [view[done:]], offset + done))

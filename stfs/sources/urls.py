@@ -1,0 +1,212 @@
+"""SOURCE URLs: ``http(s)://``, ``s3://`` and ``hf://``, each a ``Transport`` for ``RemoteFiles``.
+
+Keys are URLs without credentials (what ``user.safetensors.file`` shows): a password in an HTTP URL
+becomes an ``Authorization`` header, ``HF_TOKEN`` a bearer token, and S3 keys come from the usual AWS
+chain (environment, profile); none of them reaches a key, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import urllib.parse
+from typing import Any
+
+from .. import errors
+from .base import Kind
+from .disk_cache import DiskCache
+from .remote import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Listing, RemoteFiles, Transport
+
+SCHEMES = ("http://", "https://", "s3://", "hf://")
+_HUB_REPO = re.compile(r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<revision>[^/]+))?(?:/(?P<path>.*))?$")
+
+
+def is_url(text: str) -> bool:
+    return text.startswith(SCHEMES)
+
+
+def _client_options(timeout: float, headers: dict[str, str] | None = None, allow_http: bool = True) -> Any:
+    options: dict[str, Any] = {
+        "allow_http": allow_http,
+        "connect_timeout": f"{max(1, int(timeout))}s",
+        "timeout": f"{max(1, int(timeout))}s",
+    }
+    certificates = os.environ.get("SSL_CERT_FILE")
+    if certificates and os.path.isfile(certificates):
+        with open(certificates, "rb") as stream:
+            options["root_certificate"] = stream.read()
+    if headers:
+        options["default_headers"] = headers
+    return options
+
+
+def _retry_config(timeout: float) -> Any:
+    from datetime import timedelta
+
+    return {
+        "max_retries": 10,
+        "retry_timeout": timedelta(seconds=timeout),
+        "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=2), "base": 2},
+    }
+
+
+class HttpTransport(Transport):
+    """One HTTP(S) server; it cannot list folders (SOURCE names a file or an index)."""
+
+    def __init__(self, base: str, headers: dict[str, str], timeout: float) -> None:
+        self.base = base
+        self.headers = headers
+        self.timeout = timeout
+
+    def make_store(self) -> Any:
+        from obstore.store import HTTPStore
+
+        return HTTPStore(
+            self.base,
+            client_options=_client_options(self.timeout, self.headers),
+            retry_config=_retry_config(self.timeout),
+        )
+
+
+class S3Transport(Transport):
+    """One S3 bucket (or S3-compatible store: ``AWS_ENDPOINT_URL``), credentials from the usual AWS chain."""
+
+    def __init__(self, bucket: str, timeout: float) -> None:
+        self.bucket = bucket
+        self.base = f"s3://{bucket}"
+        self.timeout = timeout
+
+    def make_store(self) -> Any:
+        from obstore.store import S3Store
+
+        config: Any = {}
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            config["endpoint"] = endpoint
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            config["region"] = region
+        return S3Store(
+            self.bucket,
+            config=config,
+            client_options=_client_options(self.timeout),
+            retry_config=_retry_config(self.timeout),
+        )
+
+    def list(self, key: str) -> list[str] | None:
+        import obstore
+
+        prefix = self.path(key)
+        keys = [
+            f"{self.base}/{meta['path']}" for batch in obstore.list(self.make_store(), prefix or None) for meta in batch
+        ]
+        return sorted(key for key in keys if not key.endswith("/"))
+
+
+class HubTransport(Transport):
+    """A Hugging Face Hub repository pinned to one commit; its file list comes with the commit."""
+
+    def __init__(
+        self, repo: str, commit: str, files: list[str], endpoint: str, token: str | None, timeout: float
+    ) -> None:
+        self.repo = repo
+        self.commit = commit
+        self.files = sorted(files)
+        self.endpoint = endpoint.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.base = f"hf://{repo}@{commit}"
+
+    def make_store(self) -> Any:
+        from obstore.store import HTTPStore
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return HTTPStore(
+            f"{self.endpoint}/{self.repo}/resolve/{self.commit}",
+            client_options=_client_options(self.timeout, headers),
+            retry_config=_retry_config(self.timeout),
+        )
+
+    def list(self, key: str) -> list[str] | None:
+        prefix = self.path(key)
+        prefix = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
+        return [f"{self.base}/{name}" for name in self.files if name.startswith(prefix)]
+
+    def describe(self, key: str) -> Listing | None:
+        path = self.path(key).rstrip("/")
+        if not path or any(name.startswith(path + "/") for name in self.files):
+            return Listing(Kind.FOLDER)
+        return Listing(Kind.FILE if path in self.files else None)
+
+
+def open_remote(
+    text: str, *, cache_size: int = DEFAULT_CACHE_SIZE, timeout: float = DEFAULT_TIMEOUT, cache_dir: str | None = None
+) -> tuple[RemoteFiles, str]:
+    """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision pinned)."""
+    disk = DiskCache(cache_dir) if cache_dir else None
+    transport: Transport
+    if text.startswith("hf://"):
+        transport, key = _hub(text, timeout)
+    elif text.startswith("s3://"):
+        bucket, _, path = text[len("s3://") :].partition("/")
+        if not bucket:
+            raise errors.SourceError(f"{text}: no bucket in the URL (s3://BUCKET/KEY)")
+        transport, key = S3Transport(bucket, timeout), f"s3://{bucket}/{path}" if path else f"s3://{bucket}/"
+    else:
+        parts = urllib.parse.urlsplit(text)
+        if not parts.hostname:
+            raise errors.SourceError(f"{_without_credentials(text)}: no host in the URL")
+        headers = {}
+        if parts.username is not None or parts.password is not None:
+            user = urllib.parse.unquote(parts.username or "")
+            password = urllib.parse.unquote(parts.password or "")
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        base = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+        transport, key = HttpTransport(base, headers, timeout), base + (parts.path or "/")
+    return RemoteFiles(transport, cache_size=cache_size, timeout=timeout, disk_cache=disk), key
+
+
+def _hub(text: str, timeout: float) -> tuple[HubTransport, str]:
+    match = _HUB_REPO.match(text)
+    if match is None:
+        raise errors.SourceError(f"{text}: not hf://ORG/REPO[@REVISION][/PATH]")
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import HfHubHTTPError
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    token = os.environ.get("HF_TOKEN") or None
+    repo, revision, path = match["repo"], match["revision"] or "main", (match["path"] or "").strip("/")
+    try:
+        info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, timeout=timeout)
+    except HfHubHTTPError as exc:
+        raise errors.SourceError(f"hf://{repo}@{revision}: {_first_line(exc)}") from None
+    except OSError as exc:
+        raise errors.SourceError(f"hf://{repo}@{revision}: cannot reach {endpoint}: {_first_line(exc)}") from None
+    files = [sibling.rfilename for sibling in info.siblings or []]
+    transport = HubTransport(repo, info.sha or revision, files, endpoint, token, timeout)
+    return transport, transport.base + (f"/{path}" if path else "/")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+def _without_credentials(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def secrets_of(text: str) -> list[str]:
+    """The parts of a SOURCE that must never be shown (a URL's user and password)."""
+    if not is_url(text):
+        return []
+    password = urllib.parse.urlsplit(text).password
+    return [password] if password else []
