@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from . import errors
-from .model import resolve
+from .model import resolve, source_files
 from .sources import ByteSource
 from .tree import Tree
 from .views import build_tree
@@ -79,7 +79,7 @@ def plan_mount(
     gc.disable()
     try:
         models = resolve(key, source)
-        tree = build_tree(models, layout)
+        tree = build_tree(models, layout, files=source_files(key, source, models))
     finally:
         if collecting:
             gc.enable()

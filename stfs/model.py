@@ -97,6 +97,36 @@ class Model:
         return max(shard.header.mtime_ns for shard in self.shards)
 
 
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """A file of SOURCE as ``files/`` shows it: ``path`` below SOURCE's folder, its key, size and age."""
+
+    path: str
+    key: str
+    size: int
+    mtime_ns: int
+
+
+def source_files(key: str, source: ByteSource, models: list[Model]) -> list[SourceFile]:
+    """SOURCE's own files: for a file, that file; for an index, it and its shards; for a folder (or a
+    repository, a bucket prefix), every regular file below it."""
+    try:
+        if source.kind(key) is Kind.FOLDER:
+            root, keys = key, source.walk(key)
+        else:
+            root = parent_key(key)
+            keys = [key] + [shard.header.path for model in models if model.is_sharded for shard in model.shards]
+        files = []
+        for file in dict.fromkeys(keys):
+            if source.kind(file) is not Kind.FILE:
+                continue
+            info = source.stat(file)
+            files.append(SourceFile(relative_key(root, file), file, info.size, info.mtime_ns))
+    except OSError as exc:
+        raise errors.SourceError(f"{key}: cannot list its files: {exc.strerror or exc}") from None
+    return sorted(files, key=lambda file: file.path)
+
+
 def read_header(key: str, source: ByteSource | None = None) -> Header:
     """Read and validate the header of the safetensors file ``key`` of ``source`` (default: a local path)."""
     source = source or LocalFiles()

@@ -4,7 +4,9 @@ Each view adds the files of one model below the model's folder ``base``:
 
 * ``header_files``: ``header.json`` and ``metadata/``;
 * ``tensor_files``: ``tensors/``, one file per tensor, a ``Range`` of its source;
-* ``shard_files``: a sharded set's ``index.json`` and ``shards/NAME/``.
+* ``shard_files``: a sharded set's ``index.json`` and ``shards/NAME/``;
+
+and once per mount ``source_files``: ``files/``, the source's own files byte for byte.
 
 A view is a ``View``: ``(tree, model, base, layout) -> None``. Adding one (``npy/``, ``f32/``,
 ``files/``) means writing such a function and listing it in ``VIEWS``. No I/O happens here: every
@@ -17,17 +19,25 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 
 from .errors import TreeError
-from .model import Model
+from .model import Model, SourceFile
 from .nodes import FileNode, Range
 from .tree import Tree, escape_component
 
 View = Callable[[Tree, Model, list[str], str], None]
 
 
-def build_tree(models: list[Model], layout: str = "nested", views: tuple[View, ...] | None = None) -> Tree:
-    """The whole mount: one model at the root, or one folder per model at its name."""
+def build_tree(
+    models: list[Model],
+    layout: str = "nested",
+    views: tuple[View, ...] | None = None,
+    files: list[SourceFile] | None = None,
+) -> Tree:
+    """The whole mount: one model at the root, or one folder per model at its name; ``files/`` at the root
+    holds ``files``, the source's own files (``model.source_files``)."""
     mtime = max((shard.header.mtime_ns for model in models for shard in model.shards), default=0)
     tree = Tree(mtime_ns=mtime)
+    if files is not None:
+        source_files(tree, files, mtime)
     for model in models:
         base = model.name.split("/") if model.name else []
         tree.folder(base, model.mtime_ns)
@@ -80,6 +90,15 @@ def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
 
 
 VIEWS: tuple[View, ...] = (header_files, tensor_files, shard_files)
+
+
+def source_files(tree: Tree, files: list[SourceFile], mtime_ns: int) -> None:
+    """``files/``: the source's files byte for byte at their paths below SOURCE (each a ``Range`` of itself),
+    so any loader can open ``MNT/files/model.safetensors`` and read only what it touches."""
+    tree.folder(["files"], mtime_ns)
+    for file in files:
+        components = ["files", *(escape_component(part) for part in file.path.split("/"))]
+        tree.add_file(components, file.mtime_ns, (Range(file.key, 0, file.size),))
 
 
 def _add_metadata(tree: Tree, folder: list[str], metadata: Mapping[str, str], mtime_ns: int) -> None:

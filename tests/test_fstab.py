@@ -180,7 +180,7 @@ def test_mount_t_fuse_stfs_then_umount(namespace: Namespace, model: str, tmp_pat
     assert result.stdout == result.stderr == ""
     fstype, options = namespace.mounts()[mnt]
     assert fstype == "fuse.stfs" and options.split(",")[:3] == ["ro", "nosuid", "nodev"]
-    assert namespace.run("ls", mnt).stdout.split() == ["header.json", "metadata", "tensors"]
+    assert namespace.run("ls", mnt).stdout.split() == ["files", "header.json", "metadata", "tensors"]
     assert namespace.run("ls", f"{mnt}/tensors/model/layers/0/mlp/up_proj").stdout.split() == ["bias", "weight"]
     for name in ("model.embed_tokens.weight", "model.layers.0.mlp.up_proj.bias", "counts.u64"):
         assert_tensor_served(namespace, mnt, model, name, f"{mnt}/tensors/{name.replace('.', '/')}")

@@ -85,7 +85,7 @@ def check_tensors(
 
 def test_rich_single_file(mount, rich: str) -> None:  # noqa: ANN001
     mnt = mount(rich)
-    assert sorted(os.listdir(mnt)) == ["header.json", "metadata", "tensors"]
+    assert sorted(os.listdir(mnt)) == ["files", "header.json", "metadata", "tensors"]
     check_tensors(mnt, rich, list(rich_arrays()))
     assert read_file(os.path.join(mnt, "header.json")) == raw_header(rich).rstrip(b" ")
     assert sorted(os.listdir(os.path.join(mnt, "metadata"))) == sorted(["format", "note", "k%2Fey"])
@@ -115,7 +115,7 @@ def test_sharded_set_as_directory_and_as_index(mount, tmp_path) -> None:  # noqa
     )
     for source in (str(tmp_path / "repo"), index):
         mnt = mount(source)
-        assert sorted(os.listdir(mnt)) == ["header.json", "index.json", "metadata", "shards", "tensors"]
+        assert sorted(os.listdir(mnt)) == ["files", "header.json", "index.json", "metadata", "shards", "tensors"]
         assert read_file(os.path.join(mnt, "index.json")) == read_file(index)
         for shard_name, arrays in shards.items():
             shard_path = os.path.join(str(tmp_path / "repo"), shard_name)
@@ -148,7 +148,7 @@ def test_multi_model_directory(mount, tmp_path) -> None:  # noqa: ANN001
     vae = write_numpy(str(repo / "vae" / "diffusion_pytorch_model.safetensors"), {"dec.bias": np.arange(3.0)})
     write_sharded(str(repo / "text_encoder"), sharded_arrays())
     mnt = mount(str(repo))
-    assert sorted(os.listdir(mnt)) == ["text_encoder", "unet", "vae"]
+    assert sorted(os.listdir(mnt)) == ["files", "text_encoder", "unet", "vae"]
     assert os.listdir(os.path.join(mnt, "text_encoder")) == ["model"]
     check_tensors(os.path.join(mnt, "unet", "diffusion_pytorch_model"), unet, ["conv.weight"])
     check_tensors(os.path.join(mnt, "vae", "diffusion_pytorch_model"), vae, ["dec.bias"])

@@ -204,7 +204,7 @@ def test_an_in_place_rewrite_with_the_same_header_is_eio(mount: MountFn, tmp_pat
     # the rest of the mount serves on: the other model, listings, metadata
     for name in arrays(9):
         assert read_cold(tensor_path(os.path.join(mnt, "b"), name)) == tensor_bytes(other, name)
-    assert sorted(os.listdir(mnt)) == ["a", "b"]
+    assert sorted(os.listdir(mnt)) == ["a", "b", "files"]
     pid = daemon_pid(mnt)
     assert pid is not None and os.path.exists(f"/proc/{pid}")
 
