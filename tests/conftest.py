@@ -75,7 +75,9 @@ def nginx(
         server.start()
         _local_only(monkeypatch)
         if tls_files is not None:
-            monkeypatch.setenv("SSL_CERT_FILE", str(tls_files.bundle))
+            # SSL_CERT_FILE for OpenSSL, rustls-native-certs and Python; requests and curl read their own.
+            for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+                monkeypatch.setenv(name, str(tls_files.bundle))
         yield server
     finally:
         server.stop()

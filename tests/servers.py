@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -68,6 +68,17 @@ def http_get(
         connection.close()
 
 
+def _probe(process: subprocess.Popen | None, name: str, url: str) -> tuple[int, bytes] | None:
+    """A server's answer to a GET of ``url``: (status, body), None while it does not listen yet."""
+    if process is None or process.poll() is not None:
+        raise RuntimeError(f"{name} exited")
+    try:
+        status, _, body = http_get(url, timeout=1.0)
+    except OSError:
+        return None
+    return status, body
+
+
 def replace_file(path: Path, data: bytes) -> None:
     """Replace a served file by another object, as a writer that renames a new version over it would.
 
@@ -83,16 +94,17 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 def _stop_process(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """Stop a server started with ``start_new_session=True``: ``sig``, then SIGKILL to its process group."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=STOP_TIMEOUT)
-    # Children (nginx workers) outlive a killed master: the group goes too. The group id is the pid we started.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    """Stop a server started with ``start_new_session=True``: ``sig``, and SIGKILL to its process group if it
+    is still there after ``STOP_TIMEOUT`` (nginx's workers would outlive a master killed alone)."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(sig)
+    try:
+        process.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # Not reaped yet, so the group id (the pid we started) is still ours.
         os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=STOP_TIMEOUT)
 
 
@@ -424,13 +436,8 @@ class Nginx:
         return ""
 
     def _serving(self) -> bool:
-        if self._process is None or self._process.poll() is not None:
-            raise RuntimeError("nginx exited")
-        try:
-            status, _, body = http_get(f"{self.hub_url}/.stfs-generation", timeout=1.0)
-        except OSError:
-            return False
-        return status == 200 and body == str(self._generation).encode()
+        answer = _probe(self._process, "nginx", f"{self.hub_url}/.stfs-generation")
+        return answer == (200, str(self._generation).encode())
 
     def _workers(self) -> set[int]:
         assert self._process is not None
@@ -739,13 +746,8 @@ class MotoServer:
             connection.close()
 
     def _serving(self) -> bool:
-        if self._process is None or self._process.poll() is not None:
-            raise RuntimeError("moto server exited")
-        try:
-            status, _, _ = http_get(f"{self.endpoint}/moto-api/", timeout=1.0)
-        except OSError:
-            return False
-        return status == 200
+        answer = _probe(self._process, "moto server", f"{self.endpoint}/moto-api/")
+        return answer is not None and answer[0] == 200
 
 
 S3_ENV = {
@@ -914,15 +916,15 @@ class ProxyRequest:
 
 @dataclass(frozen=True, slots=True)
 class ProxyStats:
-    requests: int  # requests received from clients
-    forwarded: int  # requests sent upstream
-    delayed: int
-    failed: int  # answered by the proxy with an injected status
-    resets: int
-    stalls: int
-    ranges_stripped: int
-    body_bytes: int  # response body bytes forwarded to clients
-    bytes: int  # everything forwarded to clients, heads included
+    requests: int = 0  # requests received from clients
+    forwarded: int = 0  # requests sent upstream
+    delayed: int = 0
+    failed: int = 0  # answered by the proxy with an injected status
+    resets: int = 0
+    stalls: int = 0
+    ranges_stripped: int = 0
+    body_bytes: int = 0  # response body bytes forwarded to clients
+    bytes: int = 0  # everything forwarded to clients, heads included
 
 
 @dataclass(slots=True)
@@ -938,20 +940,6 @@ class _Faults:
     stall_seconds: float = 0.0
     ignore_range: bool = False
     on_request: Callable[[int, str, str], None] | None = None
-
-
-@dataclass(slots=True)
-class _Counters:
-    requests: int = 0
-    forwarded: int = 0
-    delayed: int = 0
-    failed: int = 0
-    resets: int = 0
-    stalls: int = 0
-    ranges_stripped: int = 0
-    body_bytes: int = 0
-    bytes: int = 0
-    log: list[ProxyRequest] = field(default_factory=list)
 
 
 REASONS = {429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
@@ -984,7 +972,8 @@ class FaultProxy:
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
         self._faults = _Faults()
-        self._counters = _Counters()
+        self._stats = ProxyStats()
+        self._log: list[ProxyRequest] = []
         self._stopping = threading.Event()
         self._sockets: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -1051,22 +1040,11 @@ class FaultProxy:
 
     def stats(self) -> ProxyStats:
         with self._lock:
-            c = self._counters
-            return ProxyStats(
-                c.requests,
-                c.forwarded,
-                c.delayed,
-                c.failed,
-                c.resets,
-                c.stalls,
-                c.ranges_stripped,
-                c.body_bytes,
-                c.bytes,
-            )
+            return self._stats
 
     def requests(self) -> list[ProxyRequest]:
         with self._lock:
-            return list(self._counters.log)
+            return list(self._log)
 
     def _spawn(self, target: Callable[..., None], *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True, name="fault-proxy")
@@ -1113,8 +1091,8 @@ class FaultProxy:
                 body = b"".join(_body_pieces(reader, request, no_body=False))
                 client_range = request.get("range") or ""
                 with self._lock:
-                    self._counters.requests += 1
-                    number = self._counters.requests
+                    self._stats = replace(self._stats, requests=self._stats.requests + 1)
+                    number = self._stats.requests
                     faults = self._faults
                     callback, latency, strip = faults.on_request, faults.latency, faults.ignore_range
                     fail = faults.fail_count > 0
@@ -1227,8 +1205,8 @@ class FaultProxy:
 
     def _bump(self, name: str, amount: int = 1) -> None:
         with self._lock:
-            setattr(self._counters, name, getattr(self._counters, name) + amount)
+            self._stats = replace(self._stats, **{name: getattr(self._stats, name) + amount})
 
     def _record(self, entry: ProxyRequest) -> None:
         with self._lock:
-            self._counters.log.append(entry)
+            self._log.append(entry)
