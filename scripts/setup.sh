@@ -6,5 +6,6 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-    fuse3 libfuse3-3 libfuse3-dev pkg-config jq attr bsdextrautils util-linux mount gcc libc6-dev coreutils python3-venv
+    fuse3 libfuse3-3 libfuse3-dev pkg-config jq attr bsdextrautils util-linux mount gcc libc6-dev coreutils python3-venv \
+    nginx-light  # the HTTP and Hub server of the remote tests (tests/servers.py)
 python3 -m pip install -q --disable-pip-version-check -e ".[test]"

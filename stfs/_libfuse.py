@@ -164,8 +164,28 @@ def _malloc(size: int) -> int:
     return int(memory)
 
 
+_ONE_BUFFER = struct.Struct(BUFVEC_HEAD.format + BUF.format[1:])  # a vector of one buffer, the usual reply
+_ONE_BUFFER_SIZE = _ONE_BUFFER.size + _BUFVEC_SLACK
+_ONE_BUFFER_MEMORY = ctypes.c_char * _ONE_BUFFER_SIZE
+
+
+def _reply_one(bufpp: Any, count: int, flags: int, memory: int, fd: int) -> int:
+    """Hand libfuse a malloc'd ``fuse_bufvec`` of one buffer (the hot path: one pack, no lists)."""
+    bufvec = _libc.calloc(1, _ONE_BUFFER_SIZE)
+    if not bufvec:
+        if not flags & FUSE_BUF_IS_FD:
+            _libc.free(memory)
+        raise FuseOSError(errno.ENOMEM)
+    # pack_into and a pointer made from bytes: fewer foreign calls than ctypes.memmove
+    _ONE_BUFFER.pack_into(_ONE_BUFFER_MEMORY.from_address(bufvec), 0, 1, 0, 0, count, flags, memory, fd, 0)
+    bufpp[0] = _BUFVEC_POINTER.from_buffer_copy(_POINTER.pack(bufvec))
+    return 0
+
+
 def _reply(bufpp: Any, buffers: list[Buffer]) -> int:
     """Hand libfuse a malloc'd ``fuse_bufvec`` of ``buffers``; it frees the vector and every memory buffer."""
+    if len(buffers) == 1:
+        return _reply_one(bufpp, *buffers[0])
     size = BUFVEC_HEAD.size + BUF.size * len(buffers) + _BUFVEC_SLACK
     bufvec = _libc.calloc(1, size)
     if not bufvec:
@@ -173,7 +193,6 @@ def _reply(bufpp: Any, buffers: list[Buffer]) -> int:
             if not flags & FUSE_BUF_IS_FD:
                 _libc.free(memory)
         raise FuseOSError(errno.ENOMEM)
-    # pack_into and a pointer made from bytes: fewer foreign calls than ctypes.memmove
     target = (ctypes.c_char * size).from_address(bufvec)
     BUFVEC_HEAD.pack_into(target, 0, len(buffers), 0, 0)
     for index, (count, flags, memory, fd) in enumerate(buffers):
@@ -285,7 +304,9 @@ class StfsFUSE(mfusepy.FUSE):
                 buffers = self._splice_pieces(pieces(node, offset, count), operations)
             if buffers is not None:
                 return _reply(bufpp, buffers)
-        memory = _malloc(count)
+        memory = _libc.malloc(count or 1)
+        if not memory:
+            raise FuseOSError(errno.ENOMEM)
         try:
             if count:
                 count = operations.fill(
@@ -294,7 +315,7 @@ class StfsFUSE(mfusepy.FUSE):
         except BaseException:
             _libc.free(memory)
             raise
-        return _reply(bufpp, [(count, 0, memory, -1)])
+        return _reply_one(bufpp, count, 0, memory, -1)
 
     def _splice_pieces(self, parts: list[Any], operations: StfsOperations) -> list[Buffer] | None:
         """The reply's buffers: ``Range`` pieces spliced into this thread's pipe, bytes in malloc'd memory.

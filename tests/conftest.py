@@ -1,14 +1,19 @@
-"""Fixtures: FUSE availability, and a ``mount`` that undoes every mount at teardown."""
+"""Fixtures: FUSE availability, a ``mount`` that undoes every mount at teardown, and the real servers the
+remote tests run against (nginx, a Hub-shaped tree on it, moto's S3, a fault proxy), all on 127.0.0.1."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from stfs.daemon import mounted
 from tests.helpers import IN_CI, MountFn, fuse_available
+from tests.servers import S3, S3_ENV, FakeHub, FaultProxy, MotoServer, Nginx, TlsFiles, find_tool, make_tls
 
 
 @pytest.fixture
@@ -30,3 +35,125 @@ def mount(tmp_path_factory: pytest.TempPathFactory, require_fuse: None) -> Itera
             return stack.enter_context(mounted(source, mountpoint, layout=layout, options=options))
 
         yield do_mount
+
+
+def _missing(what: str) -> None:
+    """Server tests skip when a server is not installed locally, but fail in CI (.ci/run installs them)."""
+    if IN_CI:
+        pytest.fail(f"{what} is missing in CI")
+    pytest.skip(f"{what} is not installed here (bash scripts/setup.sh)")
+
+
+def _local_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A proxy set in the environment must not carry requests meant for 127.0.0.1 anywhere else.
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles | None:
+    """A test CA and a certificate for 127.0.0.1 it signed; None without ``cryptography``."""
+    try:
+        return make_tls(tmp_path_factory.mktemp("tls"))
+    except ImportError:
+        return None
+
+
+@pytest.fixture
+def nginx(
+    tmp_path_factory: pytest.TempPathFactory, tls_files: TlsFiles | None, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Nginx]:
+    """A fresh nginx for the test: files under ``nginx.root`` at ``nginx.url`` (and ``nginx.https_url``, with
+    ``SSL_CERT_FILE`` set to a bundle that trusts it); ``nginx.log`` tells what went over the wire."""
+    executable = find_tool("nginx")
+    if executable is None:
+        _missing("nginx (Debian package nginx-light)")
+    server = Nginx(tmp_path_factory.mktemp("nginx"), tls=tls_files, executable=str(executable))
+    try:
+        server.start()
+        _local_only(monkeypatch)
+        if tls_files is not None:
+            # SSL_CERT_FILE for OpenSSL, rustls-native-certs and Python; requests and curl read their own.
+            for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+                monkeypatch.setenv(name, str(tls_files.bundle))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def hub(nginx: Nginx, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
+    """A Hub at ``hub.endpoint`` (``HF_ENDPOINT`` set to it, ``HF_TOKEN`` unset, a private ``HF_HOME``);
+    ``hub.publish_repo(org, repo, {path: bytes}, revision="main") -> commit``."""
+    fake = FakeHub(nginx)
+    home = tmp_path_factory.mktemp("hf_home")
+    monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    # huggingface_hub reads these once, at import: a client in this process must see the fake too.
+    if "huggingface_hub" in sys.modules or importlib.util.find_spec("huggingface_hub") is not None:
+        constants = importlib.import_module("huggingface_hub.constants")
+        monkeypatch.setattr(constants, "ENDPOINT", fake.endpoint)
+        monkeypatch.setattr(
+            constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+        )
+        monkeypatch.setattr(constants, "HF_HOME", str(home))
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+        monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    return fake
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """One moto S3 server for the session (it takes a second to start); ``s3`` resets it for each test."""
+    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+        _missing("moto[server] (pip install -e '.[test]')")
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> S3:
+    """An empty S3 at ``s3.endpoint`` with ``AWS_ENDPOINT_URL`` and test credentials in the environment;
+    ``s3.create_bucket(name, versioned=False)``, ``s3.put_object(bucket, key, data) -> PutResult``."""
+    moto_server.reset()
+    _local_only(monkeypatch)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint)
+    # No shared config or credentials files from the machine: the environment above is the whole story.
+    empty = tmp_path_factory.mktemp("aws")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty / "credentials"))
+    return S3(moto_server.endpoint)
+
+
+@pytest.fixture
+def fault_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], FaultProxy]]:
+    """``fault_proxy(upstream_url) -> FaultProxy``, started; every proxy made is stopped at teardown."""
+    _local_only(monkeypatch)
+    proxies: list[FaultProxy] = []
+
+    def make(upstream: str) -> FaultProxy:
+        proxy = FaultProxy(upstream).start()
+        proxies.append(proxy)
+        return proxy
+
+    try:
+        yield make
+    finally:
+        for proxy in proxies:
+            proxy.stop()
