@@ -59,6 +59,7 @@ class StfsOperations(Operations):
     def __init__(self, tree: Tree, source: ByteSource, on_ready: Callable[[], None] | None = None) -> None:
         self.tree = tree
         self.source = source
+        self._read_source = source.read_into  # bound once: fill runs once per request
         self._on_ready = on_ready
         self._uid = os.getuid()
         self._gid = os.getgid()
@@ -140,7 +141,7 @@ class StfsOperations(Operations):
     def fill(self, node: FileNode, view: memoryview, offset: int) -> int:
         """Copy ``node``'s bytes from ``offset`` into the start of ``view``; the count, clamped at its end."""
         try:
-            return read_into(node, offset, view, self.source.read_into)
+            return read_into(node, offset, view, self._read_source)
         except FuseOSError:
             raise
         except Exception as exc:

@@ -121,15 +121,15 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
     """
     count = clamp(node, offset, len(view))
     segments = node.segments
-    segment = segments[0] if len(segments) == 1 else None
-    if isinstance(segment, Range):  # a tensor: the one read a request costs
-        if count < len(view):
-            view = view[:count]
-        return (
-            read_source(segment.key, segment.offset + offset, view, (segment.offset, segment.offset + segment.size))
-            if count
-            else 0
-        )
+    if len(segments) == 1:  # a tensor, or a whole file: the one read a request costs
+        segment = segments[0]
+        if isinstance(segment, Range):
+            if not count:
+                return 0
+            start = segment.offset
+            return read_source(
+                segment.key, start + offset, view if count == len(view) else view[:count], (start, start + segment.size)
+            )
     done = 0
     for segment, start, length in pieces(node, offset, count):
         if type(segment) is Range:

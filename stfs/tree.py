@@ -120,6 +120,12 @@ class Tree:
             return None
         return list(node.children)
 
+    def take_inodes(self, count: int) -> range:
+        """``count`` inode numbers for files about to be made (``FileNode`` built directly, in a hot loop)."""
+        first = self._next_inode
+        self._next_inode += count
+        return range(first, first + count)
+
     def new_file(
         self, mtime_ns: int, segments: Segments, tensor: TensorEntry | None = None, view: str | None = None
     ) -> FileNode:
@@ -151,10 +157,8 @@ class Tree:
         self.file_count += 1
         return node
 
-    def add_named_files(
-        self, folder: DirNode, layout: str, files: Iterable[tuple[str, FileNode]], suffix: str = ""
-    ) -> None:
-        """Place each ``(name, node)`` below ``folder`` at the path of tensor ``name`` under ``layout``.
+    def add_named_files(self, folder: DirNode, layout: str, files: Iterable[FileNode], suffix: str = "") -> None:
+        """Place each file below ``folder`` at the path of its tensor's name (``node.tensor.name``) under ``layout``.
 
         ``suffix`` ends each file name (``.npy``). A name whose path is also a folder (``a.b`` next to
         ``a.b.c``) is the file ``%`` inside that folder, whichever of the two comes first.
@@ -177,7 +181,8 @@ class Tree:
             return found
 
         placed = 0
-        for name, node in files:  # the hot loop of a mount
+        for node in files:  # the hot loop of a mount
+            name = node.tensor.name  # type: ignore[union-attr]
             if nested and _plain(name):
                 prefix, _, leaf = name.rpartition(".")
                 parent = folders.get(prefix)

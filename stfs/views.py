@@ -16,7 +16,7 @@ byte a node holds in memory was read while the model was validated.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 from .errors import TreeError
 from .model import Model, SourceFile
@@ -78,15 +78,24 @@ def shard_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
 def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
     """``tensors/``: each tensor's bytes, a ``Range`` of its shard, at the path of its name."""
 
-    def files() -> Iterator[tuple[str, FileNode]]:
-        new_file = tree.new_file
-        for shard in model.shards:
-            header = shard.header
-            key, start, mtime = header.path, header.data_start, header.mtime_ns
-            for entry in header.tensors:
-                yield entry.name, new_file(mtime, (Range(key, start + entry.begin, entry.end - entry.begin),), entry)
-
-    tree.add_named_files(tree.folder([*base, "tensors"], model.mtime_ns), layout, files())
+    files: list[FileNode] = []
+    for shard in model.shards:
+        header = shard.header
+        key, start, mtime = header.path, header.data_start, header.mtime_ns
+        inodes = tree.take_inodes(len(header.tensors))
+        # the hot loop of a mount (one node per tensor): no calls it can avoid
+        files += [
+            FileNode(
+                inode,
+                mtime,
+                (Range(key, start + entry.begin, entry.end - entry.begin),),
+                entry,
+                None,
+                entry.end - entry.begin,
+            )
+            for inode, entry in zip(inodes, header.tensors, strict=True)
+        ]
+    tree.add_named_files(tree.folder([*base, "tensors"], model.mtime_ns), layout, files)
 
 
 VIEWS: tuple[View, ...] = (header_files, tensor_files, shard_files)
