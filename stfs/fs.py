@@ -87,35 +87,13 @@ class StfsOperations(Operations):
 
     def stat(self, node: Node) -> tuple[int, ...]:
         """The values of ``STAT_FIELDS`` for ``node`` (``StfsFUSE`` packs them straight into a struct stat)."""
+        mtime = node.mtime_ns
         if isinstance(node, DirNode):
-            return (
-                DIR_MODE,
-                node.inode,
-                2,
-                0,
-                0,
-                PAGE,
-                self._uid,
-                self._gid,
-                node.mtime_ns,
-                node.mtime_ns,
-                node.mtime_ns,
-            )
-        size = node.size
-        # st_blocks counts 512-byte units whatever the block size
-        return (
-            FILE_MODE,
-            node.inode,
-            1,
-            size,
-            (size + 511) // 512,
-            PAGE,
-            self._uid,
-            self._gid,
-            node.mtime_ns,
-            node.mtime_ns,
-            node.mtime_ns,
-        )
+            mode, links, size, blocks = DIR_MODE, 2, 0, 0
+        else:  # st_blocks counts 512-byte units whatever the block size
+            mode, links, size = FILE_MODE, 1, node.size
+            blocks = (size + 511) // 512
+        return (mode, node.inode, links, size, blocks, PAGE, self._uid, self._gid, mtime, mtime, mtime)
 
     @eio_on_surprise
     def entries(self, path: str) -> list[tuple[str, Node]]:

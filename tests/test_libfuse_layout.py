@@ -17,19 +17,8 @@ import pytest
 from stfs import _libfuse
 from tests.helpers import IN_CI
 
-STAT_MEMBERS = (
-    "st_mode",
-    "st_ino",
-    "st_nlink",
-    "st_size",
-    "st_blocks",
-    "st_blksize",
-    "st_uid",
-    "st_gid",
-    "st_mtim",
-    "st_ctim",
-    "st_atim",
-)
+# struct stat's members for STAT_FIELDS: the times are struct timespec st_mtim, st_ctim, st_atim
+STAT_MEMBERS = tuple(name.removesuffix("e") if name.endswith("time") else name for name in _libfuse.STAT_FIELDS)
 BUF_MEMBERS = ("size", "flags", "mem", "fd", "pos")
 
 PROGRAM = """
