@@ -5,8 +5,9 @@ mfusepy's callbacks with faster ones that pack their answers straight into C str
 ``StfsOperations``'s core (``node``, ``stat``, ``entries``, ``file``, ``fill``) for the content:
 
 * ``read_buf``: the ``Range`` pieces of a read go into a pipe by ``splice`` (the kernel's one copy is into
-  the mount's page cache); bytes held in memory, and sources that cannot splice, into a ``malloc``'d
-  buffer. libfuse sends the ``fuse_bufvec`` and frees it (fuse.c, ``fuse_lib_read``/``fuse_free_buf``).
+  the mount's page cache); bytes held in memory, ``Decoded`` pieces (decoded there) and sources that cannot
+  splice, into a ``malloc``'d buffer. libfuse sends the ``fuse_bufvec`` and frees it (fuse.c,
+  ``fuse_lib_read``/``fuse_free_buf``).
 * ``getattr_fuse_3``: one ``struct stat`` packed by ``struct.pack`` instead of a ctypes field at a time.
 * ``readdir_fuse_3``: entries with offsets, folders flagged READDIRPLUS with whole attributes.
 
@@ -33,7 +34,7 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # else mfusepy may load lib
 import mfusepy  # noqa: E402
 from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
 
-from .nodes import DIR_MODE, FILE_MODE, DirNode, FileNode, Range, clamp, pieces  # noqa: E402
+from .nodes import DIR_MODE, FILE_MODE, Decoded, DirNode, FileNode, Range, clamp, pieces  # noqa: E402
 from .sources import PAGE, SpliceSource  # noqa: E402
 from .stats import Stats, from_environment  # noqa: E402
 
@@ -164,6 +165,11 @@ def _malloc(size: int) -> int:
     return int(memory)
 
 
+def _memory_view(memory: int, size: int) -> memoryview:
+    """The ``size`` bytes at address ``memory`` (malloc'd), writable."""
+    return memoryview((ctypes.c_char * size).from_address(memory)).cast("B")
+
+
 def _reply(bufpp: Any, buffers: list[Buffer]) -> int:
     """Hand libfuse a malloc'd ``fuse_bufvec`` of ``buffers``; it frees the vector and every memory buffer."""
     size = BUFVEC_HEAD.size + BUF.size * len(buffers) + _BUFVEC_SLACK
@@ -195,6 +201,7 @@ class StfsFUSE(mfusepy.FUSE):
         source = operations.source
         # A source that can splice (local files) lends its pages to the reply; any other is read into memory.
         self._splice_into = source.splice_into if isinstance(source, SpliceSource) else None
+        self._read_source = source.read_into
         super().__init__(operations, mountpoint, **options)  # serves until unmounted
 
     def _wrapper(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
@@ -288,16 +295,15 @@ class StfsFUSE(mfusepy.FUSE):
         memory = _malloc(count)
         try:
             if count:
-                count = operations.fill(
-                    node, memoryview((ctypes.c_char * count).from_address(memory)).cast("B"), offset
-                )
+                count = operations.fill(node, _memory_view(memory, count), offset)
         except BaseException:
             _libc.free(memory)
             raise
         return _reply(bufpp, [(count, 0, memory, -1)])
 
     def _splice_pieces(self, parts: list[Any], operations: StfsOperations) -> list[Buffer] | None:
-        """The reply's buffers: ``Range`` pieces spliced into this thread's pipe, bytes in malloc'd memory.
+        """The reply's buffers: ``Range`` pieces spliced into this thread's pipe, bytes and ``Decoded`` pieces in
+        malloc'd memory.
 
         ``None`` (pipe emptied, nothing allocated) when the pipe fills up first: the caller copies instead.
         """
@@ -322,6 +328,13 @@ class StfsFUSE(mfusepy.FUSE):
                     if moved != length:
                         break
                     buffers.append((length, FUSE_BUF_IS_FD, 0, pipe.read_fd))
+                elif type(segment) is Decoded:
+                    memory = _malloc(length)
+                    buffers.append((length, 0, memory, -1))  # freed by _discard if decoding fails
+                    try:
+                        segment.read_into(start, _memory_view(memory, length), self._read_source)
+                    except Exception as exc:
+                        raise operations.failed(segment.key, segment.offset, exc) from exc
                 else:
                     memory = _malloc(length)
                     ctypes.memmove(memory, segment[start : start + length], length)

@@ -48,13 +48,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OPT,...",
         type=_checked_options,
         help="mount options: FUSE's (e.g. allow_other) and stfs's own as NAME=VALUE "
-        "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache)",
+        "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache, view=npy, view=f32)",
     )
     mount.add_argument(
         "--layout",
         choices=("nested", "flat"),
         default="nested",
         help="tensors/ as folders split at dots (nested, default) or one file per name (flat)",
+    )
+    mount.add_argument(
+        "--view",
+        dest="views",
+        action="append",
+        choices=("npy", "f32"),
+        default=[],
+        help="add npy/ (each tensor a .npy file) or f32/ (float tensors as float32); may be repeated",
     )
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
     mount.add_argument(
@@ -107,6 +115,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from .fuse_conf import check_allow_other, fuse_conf_path
 
     options = sort_options(args.options)
+    views = options.settings.pop("views", [])
+    assert isinstance(views, list)
+    args.views += views  # `-o view=f32` adds to `--view npy`: a setting that is repeated, not replaced
     vars(args).update(options.settings)  # `-o layout=flat` is `--layout flat`; given both ways, -o wins
     for warning in options.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
@@ -114,7 +125,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     source, key = open_source(
         args.source, max_open_files=args.max_open_files, threads=args.threads, keep_source_cache=args.keep_source_cache
     )
-    plan = plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=args.threads)
+    plan = plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=args.threads, views=args.views)
     for warning in plan.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
     if args.foreground:

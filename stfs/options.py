@@ -52,13 +52,14 @@ class Setting:
 
 
 # One line per setting; `-o NAME=VALUE` then sets what `--NAME VALUE` sets. Later ones, e.g.:
-#   "view": Setting("views", choice("npy", "f32"), repeat=True), "cache_size": Setting("cache_size", size_bytes),
+#   "cache_size": Setting("cache_size", size_bytes),
 SETTINGS: dict[str, Setting] = {
     "layout": Setting("layout", choice("nested", "flat")),
     "log_file": Setting("log_file", text),
     "max_open_files": Setting("max_open_files", positive_int),
     "threads": Setting("threads", flag),
     "keep_source_cache": Setting("keep_source_cache", flag),
+    "view": Setting("views", choice("npy", "f32"), repeat=True),
 }
 
 # What mount(8) and mount.fuse3 put in the list for any filesystem. stfs files are 0444 and never change, so none
