@@ -78,6 +78,7 @@ class Namespace:
 
     def __init__(self, holder: subprocess.Popen) -> None:
         self.holder = holder
+        self.inherited: set[str] = set()  # copies of the host's mounts: never this test's to unmount
 
     def run(self, *command: str, **kwargs: object) -> subprocess.CompletedProcess:
         # Entering a mount namespace resets the working directory to its root: every path here is absolute.
@@ -98,9 +99,9 @@ class Namespace:
         return int(result.stdout) if result.returncode == 0 and result.stdout.isdigit() else None
 
     def close(self) -> None:
-        """Unmount every stfs mount left in the namespace, end its daemon, then let the namespace go."""
+        """Unmount every stfs mount this test left in the namespace, end its daemon, then let the namespace go."""
         for mountpoint, (fstype, _) in self.mounts().items():
-            if fstype == "fuse.stfs":
+            if fstype == "fuse.stfs" and mountpoint not in self.inherited:
                 pid = self.daemon_pid(mountpoint)
                 if self.run("umount", mountpoint).returncode != 0:
                     self.run("umount", "-l", mountpoint)
@@ -140,6 +141,7 @@ def namespace(tmp_path: Path, require_fuse: None) -> Iterator[Namespace]:
     namespace = Namespace(holder)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n", "no private mount namespace"
+        namespace.inherited = set(namespace.mounts())
         yield namespace
     finally:
         namespace.close()
