@@ -5,8 +5,9 @@ mfusepy's callbacks with faster ones that pack their answers straight into C str
 ``StfsOperations``'s core (``node``, ``stat``, ``entries``, ``file``, ``fill``) for the content:
 
 * ``read_buf``: the ``Range`` pieces of a read go into a pipe by ``splice`` (the kernel's one copy is into
-  the mount's page cache); bytes held in memory, ``Decoded`` pieces (decoded there) and sources that cannot
-  splice, into a ``malloc``'d buffer. libfuse sends the ``fuse_bufvec`` and frees it (fuse.c,
+  the mount's page cache), ``Decoded`` pieces are decoded into the thread's scratch pages and lent to the
+  same pipe by ``vmsplice``; bytes held in memory, and everything of sources that cannot splice, go into a
+  ``malloc``'d buffer. libfuse sends the ``fuse_bufvec`` and frees it (fuse.c,
   ``fuse_lib_read``/``fuse_free_buf``).
 * ``getattr_fuse_3``: one ``struct stat`` packed by ``struct.pack`` instead of a ctypes field at a time.
 * ``readdir_fuse_3``: entries with offsets, folders flagged READDIRPLUS with whole attributes.
@@ -22,6 +23,7 @@ import ctypes
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import struct
 import termios
@@ -77,6 +79,9 @@ _libc.calloc.restype = ctypes.c_void_p
 _libc.calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
 _libc.free.restype = None
 _libc.free.argtypes = [ctypes.c_void_p]
+_libc.vmsplice.restype = ctypes.c_ssize_t
+_libc.vmsplice.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_uint]
+_IOVEC = struct.Struct("@PN")  # struct iovec {void *iov_base; size_t iov_len;}
 _POINTER = struct.Struct("@P")
 _BUFVEC_POINTER = ctypes.POINTER(mfusepy.fuse_bufvec)
 Buffer = tuple[int, int, int, int]  # one fuse_buf: (size, flags, mem, fd)
@@ -142,6 +147,25 @@ class _Pipe:
         # Splice takes a slot per page touched (count / 4096 + 2 when unaligned); libfuse's own pipe,
         # under the same limits, needs three pages and the header more than the count.
         self.limit = capacity - 4 * PAGE
+        self._scratch: mmap.mmap | None = None
+        self._iovec = ctypes.create_string_buffer(_IOVEC.size)
+
+    def scratch(self) -> tuple[memoryview, int]:
+        """Page-aligned memory for decoded pieces, lent to the pipe (``lend``), and its address.
+
+        One reply at a time uses it: libfuse has copied a reply out of the pipe before the thread's next
+        request, and a pipe left holding a reply is drained first (``_splice_pieces``).
+        """
+        if self._scratch is None:
+            self._scratch = mmap.mmap(-1, MAX_REQUEST + 2 * PAGE)
+            self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._scratch))
+            self._view = memoryview(self._scratch)
+        return self._view, self._address
+
+    def lend(self, address: int, count: int) -> int:
+        """``vmsplice`` ``count`` bytes at ``address`` into the pipe by reference; the count moved (-1: full)."""
+        _IOVEC.pack_into(self._iovec, 0, address, count)
+        return int(_libc.vmsplice(self.write_fd, ctypes.addressof(self._iovec), 1, 0))
 
     def close(self) -> None:
         os.close(self.read_fd)
@@ -313,6 +337,7 @@ class StfsFUSE(mfusepy.FUSE):
             pipe.drain()
         buffers: list[Buffer] = []
         spliced = 0
+        lent = 0  # bytes of the scratch pages in use, whole pages per piece
         try:
             for segment, start, length in parts:
                 if type(segment) is Range:
@@ -329,12 +354,18 @@ class StfsFUSE(mfusepy.FUSE):
                         break
                     buffers.append((length, FUSE_BUF_IS_FD, 0, pipe.read_fd))
                 elif type(segment) is Decoded:
-                    memory = _malloc(length)
-                    buffers.append((length, 0, memory, -1))  # freed by _discard if decoding fails
+                    spliced += length
+                    scratch, address = pipe.scratch()
+                    if spliced > pipe.limit or lent + length > len(scratch):
+                        break
                     try:
-                        segment.read_into(start, _memory_view(memory, length), self._read_source)
+                        segment.read_into(start, scratch[lent : lent + length], self._read_source)
                     except Exception as exc:
                         raise operations.failed(segment.key, segment.offset, exc) from exc
+                    if pipe.lend(address + lent, length) != length:
+                        break
+                    buffers.append((length, FUSE_BUF_IS_FD, 0, pipe.read_fd))
+                    lent += -(-length // PAGE) * PAGE
                 else:
                     memory = _malloc(length)
                     ctypes.memmove(memory, segment[start : start + length], length)

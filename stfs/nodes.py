@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import stat
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,7 @@ class Decoded:
 
     __slots__ = ("key", "offset", "size", "codec")
 
-    CHUNK = 4 << 20  # bytes of output decoded at once: what a read of any size holds in memory
+    CHUNK = 1 << 20  # bytes of output decoded at once (a FUSE request at most): what a read holds in memory
 
     def __init__(self, key: str, offset: int, size: int, codec: Codec) -> None:
         self.key = key
@@ -69,7 +70,7 @@ class Decoded:
         while start + done < end:
             first = (start + done) // group_out
             last = min((end + group_out - 1) // group_out, first + chunk_groups)
-            source = memoryview(bytearray((last - first) * group_bytes))
+            source = _source_buffer((last - first) * group_bytes)
             position = self.offset + first * group_bytes
             if read_source(self.key, position, source) != len(source):
                 raise OSError(f"{self.key}: short read at byte {position}")
@@ -82,6 +83,17 @@ class Decoded:
                 codec.decode(source, decoded)
                 view[done : done + length] = decoded[skip : skip + length]
             done += length
+
+
+_scratch = threading.local()
+
+
+def _source_buffer(size: int) -> memoryview:
+    """``size`` bytes of this thread's buffer for source bytes to decode (kept: one allocation per thread)."""
+    buffer: bytearray | None = getattr(_scratch, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _scratch.buffer = bytearray(size)
+    return memoryview(buffer)[:size]
 
 
 Segment = bytes | Range | Decoded

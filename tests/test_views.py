@@ -368,6 +368,33 @@ def test_direct_io_reads_at_any_offset(models: Path, mount: MountFn) -> None:
         assert Path(path).read_bytes() == content
 
 
+def test_concurrent_readers_of_decoded_files_with_threads(models: Path, mount: MountFn) -> None:
+    """libfuse's thread pool: each thread decodes into its own scratch pages, lent to its own pipe."""
+    root = mount(str(models), options=["view=npy,view=f32,threads", "direct_io"])
+    tensors = [t for name in ("native", "packed", "hand") for t in catalog(str(models / f"{name}.safetensors"), name)]
+    files = pread_files(Mounted(root, tensors))
+    failures: list[tuple[str, int, int]] = []
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(80):
+            path, content, header = rng.choice(files)
+            offset, length = next(boundary_reads(len(content), header, rng, 1))
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if os.pread(fd, length, offset) != content[offset : offset + length]:
+                    failures.append((path, offset, length))
+            finally:
+                os.close(fd)
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
 def test_cli_view_flags_with_the_flat_layout(models: Path, tmp_path: Path, require_fuse: None) -> None:
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
