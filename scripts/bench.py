@@ -792,7 +792,11 @@ def bench_views(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 if label in ("npy", "f32"):
                     growth.append(peak - before)
                 if label == "f32":
-                    daemon.append(read_summary(base, mount.stats()))
+                    after = mount.stats()
+                    daemon.append(read_summary(base, after))
+                    if after is not None and base is not None:
+                        copied = after["calls"].get("read_buf_copied", 0) - base["calls"].get("read_buf_copied", 0)
+                        daemon[-1]["copied_not_spliced"] = copied
             figures["npy_ratio"].append(figures["npy"][-1] / figures["raw"][-1])
             figures["f32_ratio"].append(figures["f32"][-1] / figures["raw_again"][-1])
             drop_from_page_cache(npy)  # np.load from the daemon, as load_file reads the source
@@ -805,7 +809,9 @@ def bench_views(args: argparse.Namespace, results: dict[str, Any]) -> None:
             f"run {run}: raw {figures['raw'][-1]:.2f}, npy {figures['npy'][-1]:.2f}, "
             f"raw {figures['raw_again'][-1]:.2f}, f32 {figures['f32'][-1]:.2f} GB/s; "
             f"np.load {figures['np_load'][-1]:.2f} s, load_file {figures['load_file'][-1]:.2f} s; "
-            f"RssAnon growth {max(growth[-2:]) / MIB:.1f} MiB"
+            f"RssAnon growth {max(growth[-2:]) / MIB:.1f} MiB; daemon CPU s/GB "
+            + ", ".join(f"{label} {values[-1]:.2f}" for label, values in cpu.items())
+            + f"; f32 replies copied, not spliced: {daemon[-1].get('copied_not_spliced')}"
         )
     results["views"] = {
         "tensor_bytes": size,
@@ -816,6 +822,7 @@ def bench_views(args: argparse.Namespace, results: dict[str, Any]) -> None:
         "npy_ratio": median(figures["npy_ratio"]),
         "f32_ratio": median(figures["f32_ratio"]),
         "daemon_cpu_s_per_gb": {label: median(values) for label, values in cpu.items()},
+        "daemon_cpu_runs": cpu,
         "np_load_s": median(figures["np_load"]),
         "np_load_cached_s": median(figures["np_load_cached"]),
         "load_file_s": median(figures["load_file"]),

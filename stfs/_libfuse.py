@@ -316,6 +316,8 @@ class StfsFUSE(mfusepy.FUSE):
                 buffers = self._splice_pieces(pieces(node, offset, count), operations)
             if buffers is not None:
                 return _reply(bufpp, buffers)
+            if self.stats is not None:  # the pipe could not take the reply: copied instead
+                self.stats.count_call("read_buf_copied")
         memory = _malloc(count)
         try:
             if count:
