@@ -19,6 +19,9 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
             fresh mount, and the same offsets on the source
   mount     `stfs mount` until ready for 300 / 10,000 / 100,000 tensors next to
             safetensors.safe_open(path).keys(); daemon RssAnon; `find MNT -type f | wc -l`
+  views     --view npy --view f32 on an F32 and a BF16 tensor of --size-mib each, fresh mounts, source
+            warm: dd bs=1M of tensors/ (raw), of npy/ (F32) and of f32/ (BF16, output bytes/s);
+            np.load of the .npy next to safetensors.numpy.load_file; the daemon's RssAnon growth
 
 Daemon request counts come from STFS_STATS (see stfs/stats.py).
 """
@@ -60,6 +63,9 @@ TARGETS = {
     "mount_100000_s": ("<=", 2.0),
     "mount_100000_vs_safe_open": ("<=", 3.0),
     "find_100000_s": ("<=", 3.0),
+    "views_npy_ratio": (">=", 0.9),
+    "views_f32_ratio": (">=", 0.5),
+    "views_rss_growth_mib": ("<=", 64),
 }
 
 
@@ -171,24 +177,28 @@ def write_model(path: str, tensors: list[tuple[str, str, list[int], int]], fill:
     return len(body)
 
 
+def random_fill(seed: int) -> Callable[[Any, int], None]:
+    """A ``write_model`` fill of random bytes, quickly: a 16 MiB chunk, rotated so no page repeats."""
+
+    def fill(stream: Any, total: int) -> None:
+        chunk = random.Random(seed).randbytes(16 * MIB)
+        written = 0
+        while written < total:
+            piece = chunk[: min(len(chunk), total - written)]
+            stream.write(piece)
+            written += len(piece)
+            chunk = chunk[7:] + chunk[:7]  # not the same page twice
+
+    return fill
+
+
 def big_model(folder: str, size: int) -> tuple[str, int, int]:
     """A model whose tensor ``big`` (``size`` bytes of random data) starts at an offset not page-aligned."""
     path = os.path.join(folder, f"big-{size // MIB}m.safetensors")
     tensors = [("small", "U8", [SMALL_TENSOR], SMALL_TENSOR), ("big", "U8", [size], size)]
     if not os.path.exists(path):
         log(f"writing {path}")
-
-        def fill(stream: Any, total: int) -> None:
-            seed = random.Random(1)
-            chunk = seed.randbytes(16 * MIB)
-            written = 0
-            while written < total:
-                piece = chunk[: min(len(chunk), total - written)]
-                stream.write(piece)
-                written += len(piece)
-                chunk = chunk[7:] + chunk[:7]  # not the same page twice
-
-        write_model(path, tensors, fill)
+        write_model(path, tensors, random_fill(1))
     with open(path, "rb") as stream:
         (length,) = struct.unpack("<Q", stream.read(8))
     offset = 8 + length + SMALL_TENSOR
@@ -683,6 +693,138 @@ def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
     results["mount"] = entries
 
 
+def views_models(folder: str, size: int) -> tuple[str, str]:
+    """``native.safetensors`` (an F32 tensor ``w`` of ``size`` bytes) and ``bfloat.safetensors`` (a BF16 one)
+    in ``folder``, random bytes (BF16 NaN codes decode like any other)."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for name, dtype, width in (("native", "F32", 4), ("bfloat", "BF16", 2)):
+        path = os.path.join(folder, f"{name}.safetensors")
+        paths.append(path)
+        if os.path.exists(path) and os.path.getsize(path) > size:
+            continue
+        log(f"writing {path}")
+        write_model(path, [("w", dtype, [size // width], size)], random_fill(2))
+    return paths[0], paths[1]
+
+
+def dd_watching(path: str, pid: int) -> tuple[float, int]:
+    """``dd_seconds(path)`` and the daemon's highest RssAnon meanwhile (sampled every 10 ms)."""
+    import threading
+
+    peak = [proc_fields(pid, "status")["RssAnon"]]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            with contextlib.suppress(OSError, KeyError):
+                peak[0] = max(peak[0], proc_fields(pid, "status")["RssAnon"])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        seconds = dd_seconds(path)
+    finally:
+        done.set()
+        sampler.join()
+    return seconds, max(peak[0], proc_fields(pid, "status")["RssAnon"])
+
+
+LOAD_NPY = (
+    "import sys, time, numpy as np; t = time.perf_counter(); a = np.load(sys.argv[1]); print(time.perf_counter() - t)"
+)
+LOAD_FILE = (
+    "import sys, time; from safetensors.numpy import load_file; t = time.perf_counter(); "
+    "a = load_file(sys.argv[1])['w']; print(time.perf_counter() - t)"
+)
+
+
+def timed_python(code: str, path: str) -> float:
+    """Seconds the load in ``code`` took, in a fresh interpreter (its own 512 MiB, freed on exit)."""
+    result = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=environment())
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr.strip()[-300:])
+    return float(result.stdout)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stream:
+        fields = stream.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_views(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Each run on a fresh mount: raw, npy, raw again, f32 (each ratio against the raw read just before it)."""
+    size = args.size_mib * MIB
+    folder = os.path.join(args.data, "views")
+    native, bfloat = views_models(folder, size)
+    names = ("raw", "npy", "raw_again", "f32", "npy_ratio", "f32_ratio", "np_load", "np_load_cached", "load_file")
+    figures: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {"raw": [], "npy": [], "f32": []}  # daemon CPU seconds per GB of output
+    growth: list[int] = []
+    daemon: list[dict[str, Any]] = []
+    for run in range(args.runs):
+        with mounted(folder, os.path.join(args.data, "mnt"), [*args.option, "view=npy,view=f32"]) as mount:
+            root = mount.mountpoint
+            raw = os.path.join(root, "native", "tensors", "w")
+            npy = os.path.join(root, "native", "npy", "w.npy")
+            for label, path, source in (
+                ("raw", raw, native),
+                ("npy", npy, native),
+                ("raw_again", raw, native),
+                ("f32", os.path.join(root, "bfloat", "f32", "w"), bfloat),
+            ):
+                drop_from_page_cache(path)  # served by the daemon, not the mount's page cache
+                warm(source)  # the daemon drops the source pages it served
+                before = proc_fields(mount.pid, "status")["RssAnon"]
+                base, used = mount.stats(), cpu_seconds(mount.pid)
+                seconds, peak = dd_watching(path, mount.pid)
+                output = os.path.getsize(path)
+                figures[label].append(output / seconds / 1e9)
+                cpu[label.replace("_again", "")].append((cpu_seconds(mount.pid) - used) / (output / 1e9))
+                if label in ("npy", "f32"):
+                    growth.append(peak - before)
+                if label == "f32":
+                    after = mount.stats()
+                    daemon.append(read_summary(base, after))
+                    if after is not None and base is not None:
+                        copied = after["calls"].get("read_buf_copied", 0) - base["calls"].get("read_buf_copied", 0)
+                        daemon[-1]["copied_not_spliced"] = copied
+            figures["npy_ratio"].append(figures["npy"][-1] / figures["raw"][-1])
+            figures["f32_ratio"].append(figures["f32"][-1] / figures["raw_again"][-1])
+            drop_from_page_cache(npy)  # np.load from the daemon, as load_file reads the source
+            warm(native)
+            figures["np_load"].append(timed_python(LOAD_NPY, npy))
+            figures["np_load_cached"].append(timed_python(LOAD_NPY, npy))  # from the mount's page cache
+        warm(native)
+        figures["load_file"].append(timed_python(LOAD_FILE, native))
+        log(
+            f"run {run}: raw {figures['raw'][-1]:.2f}, npy {figures['npy'][-1]:.2f}, "
+            f"raw {figures['raw_again'][-1]:.2f}, f32 {figures['f32'][-1]:.2f} GB/s; "
+            f"np.load {figures['np_load'][-1]:.2f} s, load_file {figures['load_file'][-1]:.2f} s; "
+            f"RssAnon growth {max(growth[-2:]) / MIB:.1f} MiB; daemon CPU s/GB "
+            + ", ".join(f"{label} {values[-1]:.2f}" for label, values in cpu.items())
+            + f"; f32 replies copied, not spliced: {daemon[-1].get('copied_not_spliced')}"
+        )
+    results["views"] = {
+        "tensor_bytes": size,
+        "runs": figures,
+        "raw_gb_per_s": median(figures["raw"] + figures["raw_again"]),
+        "npy_gb_per_s": median(figures["npy"]),
+        "f32_gb_per_s": median(figures["f32"]),
+        "npy_ratio": median(figures["npy_ratio"]),
+        "f32_ratio": median(figures["f32_ratio"]),
+        "daemon_cpu_s_per_gb": {label: median(values) for label, values in cpu.items()},
+        "daemon_cpu_runs": cpu,
+        "np_load_s": median(figures["np_load"]),
+        "np_load_cached_s": median(figures["np_load_cached"]),
+        "load_file_s": median(figures["load_file"]),
+        "rss_growth_mib": max(growth) / MIB,
+        "f32_daemon": daemon[len(daemon) // 2] if daemon else None,
+    }
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
@@ -793,6 +935,33 @@ def table(results: dict[str, Any]) -> str:
                     f"  C reference find, {entry['c_reference_find_folders']:,} folders (s)",
                     f"{entry['c_reference_find_s']:.2f}",
                 )
+    if "views" in results:
+        views = results["views"]
+        add("views: raw tensors/ dd (GB/s)", f"{views['raw_gb_per_s']:.2f}")
+        cpu = views["daemon_cpu_s_per_gb"]
+        add("views: daemon CPU s/GB raw, npy, f32", f"{cpu['raw']:.2f}, {cpu['npy']:.2f}, {cpu['f32']:.2f}")
+        add(
+            "views: npy/ of F32 dd (GB/s) / raw just before",
+            f"{views['npy_gb_per_s']:.2f} / {views['npy_ratio']:.2f}",
+            ">= 0.9",
+            check("views_npy_ratio", views["npy_ratio"]),
+        )
+        add(
+            "views: f32/ of BF16 dd (GB/s out) / raw just before",
+            f"{views['f32_gb_per_s']:.2f} / {views['f32_ratio']:.2f}",
+            ">= 0.5",
+            check("views_f32_ratio", views["f32_ratio"]),
+        )
+        add(
+            "views: np.load npy/ (cached) / load_file (s)",
+            f"{views['np_load_s']:.2f} ({views['np_load_cached_s']:.2f}) / {views['load_file_s']:.2f}",
+        )
+        add(
+            "views: daemon RssAnon growth (MiB)",
+            f"{views['rss_growth_mib']:.1f}",
+            "<= 64",
+            check("views_rss_growth_mib", views["rss_growth_mib"]),
+        )
     widths = [max(len(row[i]) for row in rows + [("figure", "value", "target", "")]) for i in range(4)]
     lines = [" | ".join(text.ljust(widths[i]) for i, text in enumerate(("figure", "value", "target", ""))).rstrip()]
     lines.append("-+-".join("-" * width for width in widths))
@@ -800,7 +969,13 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = {"throughput": bench_throughput, "copies": bench_copies, "latency": bench_latency, "mount": bench_mount}
+SECTIONS = {
+    "throughput": bench_throughput,
+    "copies": bench_copies,
+    "latency": bench_latency,
+    "mount": bench_mount,
+    "views": bench_views,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

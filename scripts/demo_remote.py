@@ -51,18 +51,23 @@ def main() -> int:
         try:
             show("ls mnt mnt/files", env)
             show("getfattr -n user.safetensors.file --only-values mnt/tensors/model/norm/weight; echo", env)
-            show("cmp mnt/files/model-00002-of-00002.safetensors model/model-00002-of-00002.safetensors && echo same", env)
+            show(
+                "cmp mnt/files/model-00002-of-00002.safetensors model/model-00002-of-00002.safetensors && echo same",
+                env,
+            )
             show(
                 "python3 -c \"from safetensors import safe_open; f = safe_open('mnt/files/"
                 "model-00001-of-00002.safetensors', 'numpy'); print(f.get_tensor('model.layers.0.mlp.up_proj.weight')"
-                ".shape)\"",
+                '.shape)"',
                 env,
             )
             show("getfattr -n user.stfs.changed --only-values mnt; echo", env)
         finally:
             show("stfs unmount mnt", env)
-        print(f"# requests the CDN served: {len(hub.cdn_log.entries())}, "
-              f"bytes: {hub.cdn_log.transfer().bytes:,} of {sum(len(d) for d in files.values()):,}")
+        print(
+            f"# requests the CDN served: {len(hub.cdn_log.entries())}, "
+            f"bytes: {hub.cdn_log.transfer().bytes:,} of {sum(len(d) for d in files.values()):,}"
+        )
     finally:
         nginx.stop()
     return 0

@@ -5,8 +5,10 @@ mfusepy's callbacks with faster ones that pack their answers straight into C str
 ``StfsOperations``'s core (``node``, ``stat``, ``entries``, ``file``, ``fill``) for the content:
 
 * ``read_buf``: the ``Range`` pieces of a read go into a pipe by ``splice`` (the kernel's one copy is into
-  the mount's page cache); bytes held in memory, and sources that cannot splice, into a ``malloc``'d
-  buffer. libfuse sends the ``fuse_bufvec`` and frees it (fuse.c, ``fuse_lib_read``/``fuse_free_buf``).
+  the mount's page cache), ``Decoded`` pieces are decoded into the thread's scratch pages and lent to the
+  same pipe by ``vmsplice``; bytes held in memory, and everything of sources that cannot splice, go into a
+  ``malloc``'d buffer. libfuse sends the ``fuse_bufvec`` and frees it (fuse.c,
+  ``fuse_lib_read``/``fuse_free_buf``).
 * ``getattr_fuse_3``: one ``struct stat`` packed by ``struct.pack`` instead of a ctypes field at a time.
 * ``readdir_fuse_3``: entries with offsets, folders flagged READDIRPLUS with whole attributes.
 
@@ -21,6 +23,7 @@ import ctypes
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import struct
 import termios
@@ -33,7 +36,7 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # else mfusepy may load lib
 import mfusepy  # noqa: E402
 from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
 
-from .nodes import DIR_MODE, FILE_MODE, DirNode, FileNode, Range, clamp, pieces  # noqa: E402
+from .nodes import DIR_MODE, FILE_MODE, Decoded, DirNode, FileNode, Range, clamp, pieces  # noqa: E402
 from .sources import PAGE, SpliceSource  # noqa: E402
 from .stats import Stats, from_environment  # noqa: E402
 
@@ -76,6 +79,9 @@ _libc.calloc.restype = ctypes.c_void_p
 _libc.calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
 _libc.free.restype = None
 _libc.free.argtypes = [ctypes.c_void_p]
+_libc.vmsplice.restype = ctypes.c_ssize_t
+_libc.vmsplice.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_uint]
+_IOVEC = struct.Struct("@PN")  # struct iovec {void *iov_base; size_t iov_len;}
 _POINTER = struct.Struct("@P")
 _BUFVEC_POINTER = ctypes.POINTER(mfusepy.fuse_bufvec)
 Buffer = tuple[int, int, int, int]  # one fuse_buf: (size, flags, mem, fd)
@@ -141,6 +147,25 @@ class _Pipe:
         # Splice takes a slot per page touched (count / 4096 + 2 when unaligned); libfuse's own pipe,
         # under the same limits, needs three pages and the header more than the count.
         self.limit = capacity - 4 * PAGE
+        self._scratch: mmap.mmap | None = None
+        self._iovec = ctypes.create_string_buffer(_IOVEC.size)
+
+    def scratch(self) -> tuple[memoryview, int]:
+        """Page-aligned memory for decoded pieces, lent to the pipe (``lend``), and its address.
+
+        One reply at a time uses it: libfuse has copied a reply out of the pipe before the thread's next
+        request, and a pipe left holding a reply is drained first (``_splice_pieces``).
+        """
+        if self._scratch is None:
+            self._scratch = mmap.mmap(-1, MAX_REQUEST + 2 * PAGE)
+            self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._scratch))
+            self._view = memoryview(self._scratch)
+        return self._view, self._address
+
+    def lend(self, address: int, count: int) -> int:
+        """``vmsplice`` ``count`` bytes at ``address`` into the pipe by reference; the count moved (-1: full)."""
+        _IOVEC.pack_into(self._iovec, 0, address, count)
+        return int(_libc.vmsplice(self.write_fd, ctypes.addressof(self._iovec), 1, 0))
 
     def close(self) -> None:
         os.close(self.read_fd)
@@ -182,6 +207,11 @@ def _reply_one(bufpp: Any, count: int, flags: int, memory: int, fd: int) -> int:
     return 0
 
 
+def _memory_view(memory: int, size: int) -> memoryview:
+    """The ``size`` bytes at address ``memory`` (malloc'd), writable."""
+    return memoryview((ctypes.c_char * size).from_address(memory)).cast("B")
+
+
 def _reply(bufpp: Any, buffers: list[Buffer]) -> int:
     """Hand libfuse a malloc'd ``fuse_bufvec`` of ``buffers``; it frees the vector and every memory buffer."""
     if len(buffers) == 1:
@@ -214,6 +244,7 @@ class StfsFUSE(mfusepy.FUSE):
         source = operations.source
         # A source that can splice (local files) lends its pages to the reply; any other is read into memory.
         self._splice_into = source.splice_into if isinstance(source, SpliceSource) else None
+        self._read_source = source.read_into
         super().__init__(operations, mountpoint, **options)  # serves until unmounted
 
     def _wrapper(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
@@ -304,21 +335,22 @@ class StfsFUSE(mfusepy.FUSE):
                 buffers = self._splice_pieces(pieces(node, offset, count), operations)
             if buffers is not None:
                 return _reply(bufpp, buffers)
+            if self.stats is not None:  # the pipe could not take the reply: copied instead
+                self.stats.count_call("read_buf_copied")
         memory = _libc.malloc(count or 1)
         if not memory:
             raise FuseOSError(errno.ENOMEM)
         try:
             if count:
-                count = operations.fill(
-                    node, memoryview((ctypes.c_char * count).from_address(memory)).cast("B"), offset
-                )
+                count = operations.fill(node, _memory_view(memory, count), offset)
         except BaseException:
             _libc.free(memory)
             raise
         return _reply_one(bufpp, count, 0, memory, -1)
 
     def _splice_pieces(self, parts: list[Any], operations: StfsOperations) -> list[Buffer] | None:
-        """The reply's buffers: ``Range`` pieces spliced into this thread's pipe, bytes in malloc'd memory.
+        """The reply's buffers: ``Range`` pieces spliced into this thread's pipe, bytes and ``Decoded`` pieces in
+        malloc'd memory.
 
         ``None`` (pipe emptied, nothing allocated) when the pipe fills up first: the caller copies instead.
         """
@@ -328,6 +360,7 @@ class StfsFUSE(mfusepy.FUSE):
             pipe.drain()
         buffers: list[Buffer] = []
         spliced = 0
+        lent = 0  # bytes of the scratch pages in use, whole pages per piece
         try:
             for segment, start, length in parts:
                 if type(segment) is Range:
@@ -343,6 +376,19 @@ class StfsFUSE(mfusepy.FUSE):
                     if moved != length:
                         break
                     buffers.append((length, FUSE_BUF_IS_FD, 0, pipe.read_fd))
+                elif type(segment) is Decoded:
+                    spliced += length
+                    scratch, address = pipe.scratch()
+                    if spliced > pipe.limit or lent + length > len(scratch):
+                        break
+                    try:
+                        segment.read_into(start, scratch[lent : lent + length], self._read_source)
+                    except Exception as exc:
+                        raise operations.failed(segment.key, segment.offset, exc) from exc
+                    if pipe.lend(address + lent, length) != length:
+                        break
+                    buffers.append((length, FUSE_BUF_IS_FD, 0, pipe.read_fd))
+                    lent += -(-length // PAGE) * PAGE
                 else:
                     memory = _malloc(length)
                     ctypes.memmove(memory, segment[start : start + length], length)

@@ -50,13 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OPT,...",
         type=_checked_options,
         help="mount options: FUSE's (e.g. allow_other) and stfs's own as NAME=VALUE "
-        "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache)",
+        "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache, view=npy, view=f32)",
     )
     mount.add_argument(
         "--layout",
         choices=("nested", "flat"),
         default="nested",
         help="tensors/ as folders split at dots (nested, default) or one file per name (flat)",
+    )
+    mount.add_argument(
+        "--view",
+        dest="views",
+        action="append",
+        choices=("npy", "f32"),
+        default=[],
+        help="add npy/ (each tensor a .npy file) or f32/ (float tensors as float32); may be repeated",
     )
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
     mount.add_argument(
@@ -139,6 +147,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from .secrets import hide_from_command_line
 
     options = sort_options(args.options)
+    views = options.settings.pop("views", [])
+    assert isinstance(views, list)
+    args.views += views  # `-o view=f32` adds to `--view npy`: a setting that is repeated, not replaced
     vars(args).update(options.settings)  # `-o layout=flat` is `--layout flat`; given both ways, -o wins
     for warning in options.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
@@ -158,7 +169,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             cache_dir=args.cache_dir,
         )
-        return plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=threads)
+        return plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=threads, views=args.views)
 
     if args.foreground:
         plan = make_plan()

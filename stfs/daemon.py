@@ -21,7 +21,7 @@ from . import errors
 from .model import resolve, source_files
 from .sources import ByteSource
 from .tree import Tree
-from .views import build_tree
+from .views import build_tree, with_chosen
 
 log = logging.getLogger("stfs")
 
@@ -68,9 +68,11 @@ def plan_mount(
     layout: str = "nested",
     options: list[str] | None = None,
     threads: bool = False,
+    views: list[str] | None = None,
 ) -> MountPlan:
     """Validate the models ``key`` names in ``source``, and MOUNTPOINT, and build the tree; raise ``StfsError``
-    on any problem. ``threads`` serves with libfuse's thread pool instead of one thread."""
+    on any problem. ``threads`` serves with libfuse's thread pool instead of one thread; ``views`` names the
+    views (``npy``, ``f32``) added to every model."""
     mountpoint = os.path.abspath(mountpoint)
     check_mountpoint(mountpoint)
     # Millions of objects and no garbage cycles: the cyclic GC would walk them all again and again
@@ -79,7 +81,7 @@ def plan_mount(
     gc.disable()
     try:
         models = resolve(key, source)
-        tree = build_tree(models, layout, files=source_files(key, source, models))
+        tree = build_tree(models, layout, with_chosen(views or []), files=source_files(key, source, models))
     finally:
         if collecting:
             gc.enable()

@@ -17,7 +17,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from ._libfuse import ENOATTR, STAT_FIELDS, FuseOSError, Operations
-from .nodes import DIR_MODE, FILE_MODE, DirNode, FileNode, Node, Range, clamp, file_mode, read_into, tensor_xattrs
+from .nodes import DIR_MODE, FILE_MODE, DirNode, FileNode, Node, clamp, file_mode, read_into, tensor_xattrs
 from .sources import PAGE, ByteSource, SourceChanged
 from .tree import NAME_MAX, Tree
 
@@ -123,7 +123,9 @@ class StfsOperations(Operations):
         except FuseOSError:
             raise
         except Exception as exc:
-            raise self.failed(next((s.key for s in node.segments if type(s) is Range), ""), offset, exc) from exc
+            raise self.failed(
+                next((s.key for s in node.segments if not isinstance(s, bytes)), ""), offset, exc
+            ) from exc
 
     def failed(self, key: str, offset: int, exc: Exception) -> FuseOSError:
         """The ``EIO`` a failed read of source ``key`` answers with; logged once per source (a truncated

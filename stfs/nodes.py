@@ -1,19 +1,24 @@
 """Nodes of the mounted tree. A file is one thing: an ordered tuple of segments.
 
-A segment is either bytes held in memory (``header.json`` of a sharded set, a metadata value, a
-``.npy`` header) or a ``Range`` of a source file (a tensor, a shard's ``header.json``, a whole
-source file). Every file is read by one function, ``read_into``; the FUSE layer splices the
-``Range`` pieces of a read (``pieces``) where its source can. A decoded view (``f32/``) will be a
-third kind of segment: a range with a transform.
+A segment is bytes held in memory (``header.json`` of a sharded set, a metadata value, a ``.npy``
+header), a ``Range`` of a source file (a tensor, a shard's ``header.json``, a whole source file), or
+a ``Decoded`` range (a tensor's values as float32, for ``f32/`` and ``npy/``). Every file is read by
+one function, ``read_into``; the FUSE layer splices the ``Range`` pieces of a read (``pieces``) where
+its source can, and puts the others in memory.
 """
 
 from __future__ import annotations
 
 import json
 import stat
+import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .format import TensorEntry
+
+if TYPE_CHECKING:
+    from .decode import Codec
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
@@ -33,7 +38,66 @@ class Range:
         return f"Range({self.key!r}, {self.offset}, {self.size})"
 
 
-Segment = bytes | Range
+class Decoded:
+    """``size`` bytes of float32 values decoded by ``codec`` (a ``decode.Codec``) from the tensor's bytes in
+    the source file ``key`` from ``offset``.
+
+    A read decodes only the whole groups of source values that cover it (an F4 byte holds two, three F6
+    bytes four), ``CHUNK`` bytes of output at a time.
+    """
+
+    __slots__ = ("key", "offset", "size", "codec")
+
+    CHUNK = 1 << 20  # bytes of output decoded at once (a FUSE request at most): what a read holds in memory
+
+    def __init__(self, key: str, offset: int, size: int, codec: Codec) -> None:
+        self.key = key
+        self.offset = offset
+        self.size = size
+        self.codec = codec
+
+    def __repr__(self) -> str:
+        return f"Decoded({self.key!r}, {self.offset}, {self.size}, {self.codec.dtype})"
+
+    def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
+        """Fill all of ``view`` with the decoded bytes from ``start`` (within ``size``); ``OSError`` if the
+        source is short."""
+        codec = self.codec
+        group_bytes, group_out = codec.group_bytes, codec.group_out
+        chunk_groups = max(1, self.CHUNK // group_out)
+        end = start + len(view)
+        done = 0
+        while start + done < end:
+            first = (start + done) // group_out
+            last = min((end + group_out - 1) // group_out, first + chunk_groups)
+            source = _source_buffer((last - first) * group_bytes)
+            position = self.offset + first * group_bytes
+            span = (self.offset, self.offset + self.size // group_out * group_bytes)  # the tensor's source bytes
+            if read_source(self.key, position, source, span) != len(source):
+                raise OSError(f"{self.key}: short read at byte {position}")
+            skip = start + done - first * group_out  # the read begins inside a group
+            length = min(end - start - done, (last - first) * group_out - skip)
+            if skip == 0 and length == (last - first) * group_out:
+                codec.decode(source, view[done : done + length])
+            else:
+                decoded = memoryview(bytearray((last - first) * group_out))
+                codec.decode(source, decoded)
+                view[done : done + length] = decoded[skip : skip + length]
+            done += length
+
+
+_scratch = threading.local()
+
+
+def _source_buffer(size: int) -> memoryview:
+    """``size`` bytes of this thread's buffer for source bytes to decode (kept: one allocation per thread)."""
+    buffer: bytearray | None = getattr(_scratch, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _scratch.buffer = bytearray(size)
+    return memoryview(buffer)[:size]
+
+
+Segment = bytes | Range | Decoded
 Segments = tuple[Segment, ...]
 ReadInto = Callable[[str, int, memoryview, tuple[int, int]], int]  # a ByteSource's read_into(key, offset, buffer, span)
 
@@ -87,7 +151,7 @@ Node = FileNode | DirNode
 
 
 def _length(segment: Segment) -> int:
-    return segment.size if isinstance(segment, Range) else len(segment)
+    return len(segment) if type(segment) is bytes else segment.size  # type: ignore[union-attr]
 
 
 def clamp(node: FileNode, offset: int, size: int) -> int:
@@ -137,6 +201,8 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
             got = read_source(segment.key, segment.offset + start, view[done : done + length], span)
             if got != length:
                 raise OSError(f"{segment.key}: short read at byte {segment.offset + start}")
+        elif type(segment) is Decoded:
+            segment.read_into(start, view[done : done + length], read_source)
         else:
             view[done : done + length] = segment[start : start + length]  # type: ignore[index]
         done += length
@@ -146,10 +212,10 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
 def tensor_xattrs(node: FileNode) -> dict[str, bytes]:
     """The ``user.safetensors.*`` extended attributes of a tensor's file (and ``user.stfs.view`` of a view's)."""
     tensor = node.tensor
-    source = next((segment for segment in node.segments if type(segment) is Range), None)
+    source = next((segment for segment in node.segments if type(segment) is not bytes), None)
     if tensor is None or source is None:
         return {}
-    assert isinstance(source, Range)
+    assert isinstance(source, (Range, Decoded))  # a decoded file names the source bytes it decodes
     xattrs = {
         "user.safetensors.name": tensor.name.encode("utf-8", "surrogatepass"),
         "user.safetensors.dtype": tensor.dtype.encode(),

@@ -84,6 +84,7 @@ SETTINGS: dict[str, Setting] = {
     "cache_size": Setting("cache_size", size_bytes),
     "cache_dir": Setting("cache_dir", text),
     "timeout": Setting("timeout", seconds),
+    "view": Setting("views", choice("npy", "f32"), repeat=True),
 }
 
 # What mount(8) and mount.fuse3 put in the list for any filesystem. stfs files are 0444 and never change, so none

@@ -5,23 +5,29 @@ Each view adds the files of one model below the model's folder ``base``:
 * ``header_files``: ``header.json`` and ``metadata/``;
 * ``tensor_files``: ``tensors/``, one file per tensor, a ``Range`` of its source;
 * ``shard_files``: a sharded set's ``index.json`` and ``shards/NAME/``;
+* chosen with ``--view``: ``npy_files`` (``npy/``) and ``f32_files`` (``f32/``), listed in ``CHOSEN``.
 
 and once per mount ``source_files``: ``files/``, the source's own files byte for byte.
 
-A view is a ``View``: ``(tree, model, base, layout) -> None``. Adding one (``npy/``, ``f32/``,
-``files/``) means writing such a function and listing it in ``VIEWS``. No I/O happens here: every
+A view is a ``View``: ``(tree, model, base, layout) -> None``. Adding one means writing such a
+function and listing it in ``VIEWS`` (always there) or ``CHOSEN`` (by name). No I/O happens here: every
 byte a node holds in memory was read while the model was validated.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from .errors import TreeError
+from .format import DTYPE_BITS, TensorEntry
 from .model import Model, SourceFile
-from .nodes import FileNode, Range
+from .nodes import Decoded, FileNode, Range, Segment
 from .tree import Tree, escape_component
+
+if TYPE_CHECKING:
+    from .decode import Codec
 
 View = Callable[[Tree, Model, list[str], str], None]
 
@@ -98,7 +104,59 @@ def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
     tree.add_named_files(tree.folder([*base, "tensors"], model.mtime_ns), layout, files)
 
 
+def npy_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
+    """``npy/``: each tensor as ``PATH.npy``; NumPy's own dtypes keep their bytes, the others become float32."""
+    from .decode import CODECS, F32, NATIVE, npy_header  # numpy and ml_dtypes: only for mounts that ask
+
+    def files() -> Iterator[FileNode]:
+        for key, start, mtime, entry in _tensors(model):
+            source = Range(key, start + entry.begin, entry.size)
+            if entry.dtype in NATIVE:
+                data: Segment = source
+                header = npy_header(NATIVE[entry.dtype], entry.shape)
+            else:
+                data = _decoded(source, CODECS[entry.dtype], entry)
+                header = npy_header(F32, entry.shape)
+            yield tree.new_file(mtime, (header, data), entry, "npy")
+
+    tree.add_named_files(tree.folder([*base, "npy"], model.mtime_ns), layout, files(), suffix=".npy")
+
+
+def f32_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
+    """``f32/``: the values of each float tensor as little-endian float32; F32 tensors are their own bytes."""
+    from .decode import CODECS
+
+    def files() -> Iterator[FileNode]:
+        for key, start, mtime, entry in _tensors(model):
+            source = Range(key, start + entry.begin, entry.size)
+            if entry.dtype == "F32":
+                yield tree.new_file(mtime, (source,), entry, "f32")
+            elif entry.dtype in CODECS:
+                yield tree.new_file(mtime, (_decoded(source, CODECS[entry.dtype], entry),), entry, "f32")
+
+    tree.add_named_files(tree.folder([*base, "f32"], model.mtime_ns), layout, files())
+
+
+def _tensors(model: Model) -> Iterator[tuple[str, int, int, TensorEntry]]:
+    """Every tensor of ``model``: (source key, its data start, its mtime, the entry)."""
+    for shard in model.shards:
+        header = shard.header
+        for entry in header.tensors:
+            yield header.path, header.data_start, header.mtime_ns, entry
+
+
+def _decoded(source: Range, codec: Codec, entry: TensorEntry) -> Decoded:
+    values = entry.size * 8 // DTYPE_BITS[entry.dtype]
+    return Decoded(source.key, source.offset, 4 * values, codec)
+
+
 VIEWS: tuple[View, ...] = (header_files, tensor_files, shard_files)
+CHOSEN: dict[str, View] = {"npy": npy_files, "f32": f32_files}  # --view NAME
+
+
+def with_chosen(names: Iterable[str]) -> tuple[View, ...]:
+    """``VIEWS`` and the views named (``--view``), each once, in the order first named."""
+    return (*VIEWS, *(CHOSEN[name] for name in dict.fromkeys(names)))
 
 
 def source_files(tree: Tree, files: list[SourceFile], mtime_ns: int) -> None:

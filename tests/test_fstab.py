@@ -78,8 +78,7 @@ class Namespace:
 
     def __init__(self, holder: subprocess.Popen) -> None:
         self.holder = holder
-        # Copies of the machine's mounts (other tests', other sessions' stfs daemons): never this test's to end.
-        self.inherited = set(self.mounts())
+        self.inherited: set[str] = set()  # copies of the host's mounts: never this test's to unmount
 
     def run(self, *command: str, **kwargs: object) -> subprocess.CompletedProcess:
         # Entering a mount namespace resets the working directory to its root: every path here is absolute.
@@ -142,6 +141,7 @@ def namespace(tmp_path: Path, require_fuse: None) -> Iterator[Namespace]:
     namespace = Namespace(holder)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n", "no private mount namespace"
+        namespace.inherited = set(namespace.mounts())
         yield namespace
     finally:
         namespace.close()

@@ -191,7 +191,7 @@ def planned(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
 
     def plan_mount(
-        source: LocalFiles, key: str, mountpoint: str, layout: str, options: list[str], threads: bool
+        source: LocalFiles, key: str, mountpoint: str, layout: str, options: list[str], threads: bool, views: list[str]
     ) -> None:
         seen.update(
             source=key,
@@ -201,6 +201,7 @@ def planned(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
             max_open_files=source.max_open,
             threads=threads and source.threaded,
             keep_source_cache=not source.drop_behind,
+            views=views,
         )
         raise MountError("planned")
 
@@ -224,6 +225,10 @@ def test_o_settings_are_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
             "3",
             "--threads",
             "--keep-source-cache",
+            "--view",
+            "f32",
+            "--view",
+            "npy",
             "-o",
             "kernel_cache",
         ],
@@ -234,9 +239,9 @@ def test_o_settings_are_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
             "s",
             "m",
             "-o",
-            "layout=flat,log_file=x,max_open_files=3,threads",
+            "layout=flat,log_file=x,max_open_files=3,threads,view=f32",
             "-o",
-            "keep_source_cache,kernel_cache,dev,suid,nofail",
+            "keep_source_cache,kernel_cache,dev,suid,nofail,view=npy",
         ],
     )
     assert (
@@ -250,8 +255,13 @@ def test_o_settings_are_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
             "max_open_files": 3,
             "threads": True,
             "keep_source_cache": True,
+            "views": ["f32", "npy"],
         }
     )
+
+
+def test_o_views_add_to_view_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert planned(monkeypatch, ["mount", "s", "m", "--view", "npy", "-o", "view=f32"])["views"] == ["npy", "f32"]
 
 
 def test_defaults_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -263,6 +273,7 @@ def test_defaults_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
         "max_open_files": descriptor_budget(),  # every source held open, as the descriptor limit allows
         "threads": False,
         "keep_source_cache": False,
+        "views": [],
     }
 
 
@@ -271,7 +282,7 @@ def test_rw_warns_on_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     assert capsys.readouterr().err == f"stfs: warning: {READ_ONLY_WARNING}\nstfs: planned\n"
 
 
-@pytest.mark.parametrize("options", ["layout=round", "max_open_files=0", "threads=1", "log_file"])
+@pytest.mark.parametrize("options", ["layout=round", "max_open_files=0", "threads=1", "log_file", "view=bogus", "view"])
 def test_bad_o_values_are_usage_errors(options: str) -> None:
     for argv in (["mount", "s", "m", "-o", options], ["s", "m", "-o", f"ro,{options}"]):
         result = run([sys.executable, "-m", "stfs", *argv])

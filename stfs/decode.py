@@ -1,0 +1,158 @@
+"""Decoding tensor bytes to float32, and ``.npy`` headers: what the ``npy/`` and ``f32/`` views are made of.
+
+Every float dtype of safetensors 0.8 decodes through ``ml_dtypes``'s own conversions: the 8-, 6- and
+4-bit ones by a table of every code's float32 value (built once with ``astype``), BF16, F16 and F64 by
+a cast. NaN codes give NaN, subnormals are kept, F64 rounds to nearest-even (out of range: ±inf).
+
+Packing of the sub-byte dtypes, in C order over the whole tensor:
+
+* F4 (``float4_e2m1fn``): two values per byte, the low nibble first (torch's ``float4_e2m1fn_x2``,
+  which the safetensors reference maps F4 to);
+* F6 (``float6_e2m3fn``, ``float6_e3m2fn``): four values in three bytes, value k in bits 6k..6k+5 of
+  the little-endian 24-bit group (the reference gives F6 a width of 6 bits and no packing of its own).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+from numpy.lib import format as npy_format
+
+F32 = np.dtype("<f4")
+
+# Dtypes NumPy holds natively: their bytes go into npy/ unchanged (safetensors is little-endian).
+NATIVE: dict[str, np.dtype] = {
+    "BOOL": np.dtype("?"),
+    "U8": np.dtype("u1"),
+    "I8": np.dtype("i1"),
+    "I16": np.dtype("<i2"),
+    "U16": np.dtype("<u2"),
+    "F16": np.dtype("<f2"),
+    "I32": np.dtype("<i4"),
+    "U32": np.dtype("<u4"),
+    "F32": F32,
+    "C64": np.dtype("<c8"),
+    "F64": np.dtype("<f8"),
+    "I64": np.dtype("<i8"),
+    "U64": np.dtype("<u8"),
+}
+
+# The dtype of each one-value-per-byte code (ml_dtypes keeps a sub-byte value in the low bits of a byte).
+_CODES: dict[str, type] = {
+    "F8_E5M2": ml_dtypes.float8_e5m2,
+    "F8_E4M3": ml_dtypes.float8_e4m3fn,
+    "F8_E8M0": ml_dtypes.float8_e8m0fnu,
+    "F8_E4M3FNUZ": ml_dtypes.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": ml_dtypes.float8_e5m2fnuz,
+    "F6_E2M3": ml_dtypes.float6_e2m3fn,
+    "F6_E3M2": ml_dtypes.float6_e3m2fn,
+    "F4": ml_dtypes.float4_e2m1fn,
+}
+_CODE_BITS = {"F6_E2M3": 6, "F6_E3M2": 6, "F4": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """How one dtype becomes float32: ``group_bytes`` source bytes hold ``group_values`` values (a whole
+    number of bytes: F4 2 values in 1 byte, F6 4 in 3, the rest one value in its own bytes).
+
+    ``decode(source, out)`` turns whole groups of source bytes into their float32 values (``out`` holds
+    4 bytes per value) without allocating more than a few times the chunk it is given.
+    """
+
+    dtype: str
+    group_bytes: int
+    group_values: int
+    decode: Callable[[memoryview, memoryview], None]
+
+    @property
+    def group_out(self) -> int:
+        """Bytes of float32 per group."""
+        return 4 * self.group_values
+
+
+def table(dtype: str) -> np.ndarray:
+    """The float32 value of every code of a 4-, 6- or 8-bit float dtype, by ``ml_dtypes``'s own cast."""
+    bits = _CODE_BITS.get(dtype, 8)
+    return np.arange(1 << bits, dtype=np.uint8).view(_CODES[dtype]).astype(np.float32)
+
+
+def _floats(out: memoryview) -> np.ndarray:
+    return np.frombuffer(out, dtype=F32)
+
+
+def _cast(source_dtype: np.dtype | type) -> Callable[[memoryview, memoryview], None]:
+    def decode(source: memoryview, out: memoryview) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):  # F64: ±inf beyond float32, NaN stays NaN (IEEE cast)
+            np.copyto(_floats(out), np.frombuffer(source, dtype=source_dtype), casting="unsafe")
+
+    return decode
+
+
+def _byte_codes(dtype: str) -> Callable[[memoryview, memoryview], None]:
+    values = table(dtype)
+
+    def decode(source: memoryview, out: memoryview) -> None:
+        np.take(values, np.frombuffer(source, dtype=np.uint8), out=_floats(out), mode="clip")
+
+    return decode
+
+
+def _nibbles(dtype: str) -> Callable[[memoryview, memoryview], None]:
+    values = table(dtype)
+    byte = np.arange(256)
+    pairs = np.ascontiguousarray(np.stack([values[byte & 0xF], values[byte >> 4]], axis=1))  # low nibble first
+
+    def decode(source: memoryview, out: memoryview) -> None:
+        np.take(pairs, np.frombuffer(source, dtype=np.uint8), axis=0, out=_floats(out).reshape(-1, 2), mode="clip")
+
+    return decode
+
+
+def _sextets(dtype: str) -> Callable[[memoryview, memoryview], None]:
+    values = table(dtype)
+
+    def decode(source: memoryview, out: memoryview) -> None:
+        triples = np.frombuffer(source, dtype=np.uint8).reshape(-1, 3).astype(np.uint32)
+        group = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)  # little-endian 24 bits
+        codes = np.empty((len(group), 4), dtype=np.uint8)
+        for k in range(4):
+            codes[:, k] = (group >> (6 * k)) & 0x3F
+        np.take(values, codes, out=_floats(out).reshape(-1, 4), mode="clip")
+
+    return decode
+
+
+def _codecs() -> dict[str, Codec]:
+    codecs = {
+        "BF16": Codec("BF16", 2, 1, _cast(ml_dtypes.bfloat16)),
+        "F16": Codec("F16", 2, 1, _cast(np.dtype("<f2"))),
+        "F64": Codec("F64", 8, 1, _cast(np.dtype("<f8"))),
+        "F4": Codec("F4", 1, 2, _nibbles("F4")),
+        "F6_E2M3": Codec("F6_E2M3", 3, 4, _sextets("F6_E2M3")),
+        "F6_E3M2": Codec("F6_E3M2", 3, 4, _sextets("F6_E3M2")),
+    }
+    for dtype in ("F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"):
+        codecs[dtype] = Codec(dtype, 1, 1, _byte_codes(dtype))
+    return codecs
+
+
+# F32 is absent: its f32/ file is its own bytes.
+CODECS: dict[str, Codec] = _codecs()
+
+
+def npy_header(descr: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``numpy.lib.format`` writes for a C-order array of ``descr`` and ``shape``: format
+    1.0, or 2.0 where the header passes 64 KiB; the data start padded to numpy's alignment."""
+    header = {"descr": npy_format.dtype_to_descr(descr), "fortran_order": False, "shape": tuple(shape)}
+    stream = io.BytesIO()
+    try:
+        npy_format.write_array_header_1_0(stream, header)
+    except ValueError:  # "Header length ... too big for version=(1, 0)": thousands of dimensions
+        stream = io.BytesIO()
+        npy_format.write_array_header_2_0(stream, header)
+    return stream.getvalue()
