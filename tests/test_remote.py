@@ -124,19 +124,36 @@ def test_the_same_tree_as_a_local_mount(
         assert remote_files[path] == f"{published.base}/{relative}", path
 
 
-def test_files_of_a_bucket_prefix_include_every_regular_file(s3: S3, mount: MountFn, tmp_path: Path) -> None:
+@pytest.mark.parametrize("spelling", ["bucket/repo", "bucket/repo/", "bucket"])
+def test_files_of_a_bucket_prefix_include_every_regular_file(
+    spelling: str, s3: S3, mount: MountFn, tmp_path: Path
+) -> None:
     folder = repository(tmp_path / "repo")
-    url = publish_s3(s3, folder, "bucket", "repo")
-    mnt = mount(url + "/")
+    publish_s3(s3, folder, "bucket", "repo")
+    mnt = mount(f"s3://{spelling}")
+    files = os.path.join(mnt, "files", "repo") if spelling == "bucket" else os.path.join(mnt, "files")
     listed = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-    mirrored = sorted(
-        os.path.relpath(os.path.join(d, f), os.path.join(mnt, "files"))
-        for d, _, fs in os.walk(os.path.join(mnt, "files"))
-        for f in fs
-    )
+    mirrored = sorted(os.path.relpath(os.path.join(d, f), files) for d, _, fs in os.walk(files) for f in fs)
     assert mirrored == listed
-    with open(os.path.join(mnt, "files", "config.json")) as stream:
+    with open(os.path.join(files, "config.json")) as stream:
         assert '"hidden_size": 8' in stream.read()
+    assert os.path.isdir(os.path.join(mnt, "tensors"))  # the one model of the prefix at the root
+
+
+def test_safe_open_through_files_of_a_hub_repository(hub: FakeHub, mount: MountFn, tmp_path: Path) -> None:
+    import numpy as np
+    from safetensors import safe_open
+
+    from tests.models import sharded_arrays
+
+    folder = repository(tmp_path / "repo")
+    publish_hub(hub, folder)
+    mnt = mount("hf://org/repo")
+    for shard, arrays in sharded_arrays().items():  # what from_pretrained(MNT/files) does
+        with safe_open(os.path.join(mnt, "files", shard), "numpy") as handle:
+            assert sorted(handle.keys()) == sorted(arrays)
+            for name, array in arrays.items():
+                assert np.array_equal(handle.get_tensor(name), array)
 
 
 # --- bytes ----------------------------------------------------------------------------------------------
@@ -181,8 +198,20 @@ def test_a_whole_model_read_fetches_it_about_once(nginx: Nginx, served_big: tupl
         assert data == _tensor(local, i)
         read += len(data)
     assert _body_bytes(nginx) / read <= 1.1  # the header's speculative read included
+    nginx.log.clear()
     with open(os.path.join(mnt, "files", "big.safetensors"), "rb") as stream:
-        assert stream.read() == local.read_bytes()  # files/ shares the block cache
+        assert stream.read() == local.read_bytes()
+    assert _body_bytes(nginx) <= len(local.read_bytes()) - read  # files/ shares the block cache: no tensor again
+
+
+def test_a_whole_file_read_through_files_fetches_it_about_once(
+    nginx: Nginx, served_big: tuple[Path, str], mount: MountFn
+) -> None:
+    local, url = served_big
+    nginx.log.clear()
+    mnt = mount(url)
+    assert read_cold(os.path.join(mnt, "files", "big.safetensors")) == local.read_bytes()
+    assert _body_bytes(nginx) / local.stat().st_size <= 1.1
 
 
 def test_random_reads_return_the_source_bytes(served_big: tuple[Path, str], mount: MountFn) -> None:

@@ -250,12 +250,12 @@ def test_a_new_commit_on_the_hub(hub: FakeHub, mount: MountFn, tmp_path: Path) -
     assert read_outcome(os.path.join(mnt, "files", "model.safetensors"), old_data) == "eio"
 
 
-def test_a_walk_of_a_remote_mount_asks_nothing(nginx: Nginx, mount: MountFn, tmp_path: Path) -> None:
+def test_every_read_after_mounting_is_ranged_and_conditional(nginx: Nginx, mount: MountFn, tmp_path: Path) -> None:
     old_data, _ = model_bytes(tmp_path, 1)
     url = nginx.put("m.safetensors", old_data)
     mnt = mount(url)
     nginx.log.clear()
-    entries = walk(mnt)  # reads every file: the header came with the first read, tensors are fetched
+    entries = walk(mnt)  # reads every file: headers come from the first read, tensors are fetched
     assert len(entries) > TENSORS
     logged = nginx.log.entries(at_least=1)
     assert logged and all(e.range and e.if_match for e in logged)

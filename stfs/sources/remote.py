@@ -216,6 +216,11 @@ class RemoteFiles:
         done = 0
         while done < count:
             position = offset + done
+            if position < len(pin.head):  # the first read's bytes are never fetched again
+                take = min(count - done, len(pin.head) - position)
+                view[done : done + take] = pin.head[position : position + take]
+                done += take
+                continue
             block = position // self.block_size
             end = min(offset + count, (block + 1) * self.block_size)
             lo, _, data = self._piece(pin, block, position, end, low, high, whole, deadline)
@@ -351,7 +356,7 @@ class RemoteFiles:
     def _submit(self, pin: _Pin, block: int, low: int, high: int, start: int, end: int, whole: bool = True) -> Future:
         """Start fetching ``block`` clipped to ``[low, high)`` (or only ``[start, end)``); the lock is held."""
         block_lo, block_hi = block * self.block_size, min(pin.size, (block + 1) * self.block_size)
-        lo, hi = (max(block_lo, low), min(block_hi, high)) if whole else (start, end)
+        lo, hi = (max(block_lo, low, len(pin.head)), min(block_hi, high)) if whole else (start, end)
         fetch_key = (pin.key, block, lo, hi)
         future = self._fetching.get(fetch_key)
         if future is None:
@@ -465,8 +470,9 @@ class RemoteFiles:
             first = offset // self.block_size
             last = min(-(-high // self.block_size), (offset + count - 1) // self.block_size + 1 + window)
             for block in range(first, last):
-                if not any(
-                    p[0] <= max(low, block * self.block_size) < p[1] for p in self._blocks.get((pin.key, block), ())
+                need = max(low, block * self.block_size, len(pin.head))  # the block's first byte not at hand
+                if need < min(high, (block + 1) * self.block_size) and not any(
+                    p[0] <= need < p[1] for p in self._blocks.get((pin.key, block), ())
                 ):
                     self._submit(pin, block, low, high, 0, 0)
         return True
