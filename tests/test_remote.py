@@ -235,3 +235,30 @@ def _tensor(local: Path, index: int) -> bytes:
     from tests.models import tensor_bytes
 
     return tensor_bytes(str(local), f"layers.{index}.weight")
+
+
+def test_concurrent_readers_with_a_tiny_cache(served_big: tuple[Path, str], mount: MountFn) -> None:
+    """Eight readers at once, sequential and random, through a cache far smaller than the model: blocks are
+    evicted while others wait on fetches of the same blocks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    local, url = served_big
+    mnt = mount(url, options=["cache_size=2M"])
+    tensors = [_tensor(local, i) for i in range(TENSORS)]
+
+    def reader(seed: int) -> int:
+        rng = random.Random(seed)
+        checked = 0
+        for _ in range(12):
+            i = rng.randrange(TENSORS)
+            path = tensor_path(mnt, f"layers.{i}.weight")
+            if rng.random() < 0.3:
+                assert read_cold(path) == tensors[i]
+            else:
+                offset, size = rng.randrange(TENSOR_BYTES), rng.choice([4096, 200_000, MIB])
+                assert read_cold(path, offset, size) == tensors[i][offset : offset + size]
+            checked += 1
+        return checked
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(reader, range(8))) == 96
