@@ -15,7 +15,7 @@ from . import __version__, errors
 from .model import discover, load
 from .options import OptionError, positive_int, seconds, size_bytes, sort_options
 from .sources import open_source
-from .sources.remote import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT
+from .sources.remote import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, RemoteFiles
 from .sources.urls import is_url, secrets_of
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -168,6 +168,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             cache_size=args.cache_size,
             timeout=args.timeout,
             cache_dir=args.cache_dir,
+            mounting=True,
         )
         return plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=threads, views=args.views)
 
@@ -193,13 +194,19 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .info import render_json, render_table, summarize
 
     models = []
+    transfer: dict[str, int] | None = None  # what went over the wire, for remote sources
     for text in args.sources:
         source, key = open_source(text)
-        models += [load(model_source, source) for model_source in discover(key, source)]
+        try:
+            models += [load(model_source, source) for model_source in discover(key, source)]
+        finally:
+            source.close()
+        if isinstance(source, RemoteFiles):
+            transfer = {name: (transfer or {}).get(name, 0) + count for name, count in source.transfer().items()}
     for model in models:
         for warning in model.warnings:
             print(f"stfs: warning: {warning}", file=sys.stderr)
-    report = summarize(models)
+    report = summarize(models, transfer)
     print(render_json(report) if args.json else render_table(report))
     return EXIT_OK
 

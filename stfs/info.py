@@ -9,10 +9,14 @@ from typing import Any
 from .model import Model
 
 
-def summarize(models: list[Model]) -> dict[str, Any]:
-    """The report of ``stfs info --json``: one entry per model, then totals over all."""
+def summarize(models: list[Model], transfer: dict[str, int] | None = None) -> dict[str, Any]:
+    """The report of ``stfs info --json``: one entry per model, then totals over all; for remote sources,
+    ``transfer``: what reading the headers cost (``{"requests": R, "bytes": B}``)."""
     reports = [_model_report(model) for model in models]
-    return {"models": reports, "totals": _totals(t for r in reports for t in r["tensors"])}
+    report = {"models": reports, "totals": _totals(t for r in reports for t in r["tensors"])}
+    if transfer is not None:
+        report["transfer"] = transfer
+    return report
 
 
 def _model_report(model: Model) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 LOCALHOST = "127.0.0.1"
+# nginx serves ``/private/`` only to this user (HTTP basic auth): the remote tests' URL with a password.
+BASIC_USER, BASIC_PASSWORD = "stfs-user", "Pa55-w0rd-never-shown"
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
 
@@ -328,7 +330,7 @@ class Nginx:
         self.workdir = workdir
         self.tls = tls
         self.executable = executable
-        self.root = workdir / "files"
+        self.root = workdir / "files"  # root/private/ needs BASIC_USER and BASIC_PASSWORD
         self.hub_root = workdir / "hub"  # hub_root/api/models/ORG/REPO/...: the JSON answers
         self.cdn_root = workdir / "cdn"  # cdn_root/ORG/REPO/COMMIT/PATH: the bytes
         self.log = AccessLog(workdir / "files.log")
@@ -371,6 +373,7 @@ class Nginx:
     def start(self) -> None:
         for folder in (self.root, self.hub_root, self.cdn_root, self.workdir / "temp"):
             folder.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "htpasswd").write_text(f"{BASIC_USER}:{{PLAIN}}{BASIC_PASSWORD}\n")
         for attempt in range(3):
             self.port, self.https_port, self.hub_port, self.cdn_port = (free_port() for _ in range(4))
             self.redirect_base = self.cdn_url
@@ -515,6 +518,10 @@ http {{
         listen {LOCALHOST}:{self.port};
 {tls_listen}        root {self.root};
         access_log {self.log.path} stfs;
+        location /private/ {{
+            auth_basic "stfs";
+            auth_basic_user_file {work}/htpasswd;
+        }}
     }}
 
     server {{

@@ -41,13 +41,14 @@ def open_source(
     cache_size: int | None = None,
     timeout: float | None = None,
     cache_dir: str | None = None,
+    mounting: bool = False,
 ) -> tuple[ByteSource, str]:
     """The byte source SOURCE (as given on the command line) lives in, and its key there.
 
     A URL (``http(s)://``, ``s3://``, ``hf://``) is a remote source (``cache_size``, ``timeout``,
-    ``cache_dir`` apply); anything else a local path (``keep_source_cache`` leaves the source's page
-    cache alone instead of dropping pages once served; ``threads``: requests may come from several
-    threads at once).
+    ``cache_dir`` apply; ``mounting`` refuses a server that ignores Range); anything else a local path
+    (``keep_source_cache`` leaves the source's page cache alone instead of dropping pages once served;
+    ``threads``: requests may come from several threads at once).
     """
     from .urls import is_url, open_remote
 
@@ -55,7 +56,11 @@ def open_source(
         from .remote import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT
 
         return open_remote(
-            text, cache_size=cache_size or DEFAULT_CACHE_SIZE, timeout=timeout or DEFAULT_TIMEOUT, cache_dir=cache_dir
+            text,
+            cache_size=cache_size or DEFAULT_CACHE_SIZE,
+            timeout=timeout or DEFAULT_TIMEOUT,
+            cache_dir=cache_dir,
+            ranges_required=mounting,
         )
     source = LocalFiles(max_open=max_open_files, drop_behind=not keep_source_cache, threaded=threads)
     return source, os.path.abspath(text)

@@ -25,13 +25,15 @@ in the process that uses it, after any fork (``daemon.run_background`` plans in 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from cachetools import LRUCache
 
@@ -51,9 +53,11 @@ FIRST_WINDOW = 2  # blocks fetched ahead of a reader that has just shown it is s
 MAX_WINDOW_BYTES = 96 * MIB  # fetched ahead at most: in flight beside the cache, so bounded apart from it
 WORKERS = 16
 
+T = TypeVar("T")
+
 
 class RangeIgnored(OSError):
-    """The server answered a Range request with the whole object (200): stfs cannot mount from it."""
+    """The server answered a Range request with the whole object (200): a mount cannot be served from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +82,7 @@ class Transport:
     def path(self, key: str) -> str:
         return key[len(self.base) :].lstrip("/")
 
-    def list(self, key: str) -> list[str] | None:
+    def list(self, store: Any, key: str) -> list[str] | None:
         """Keys of every file at or below ``key`` (a file or a folder), sorted; ``None`` if the store cannot list."""
         return None
 
@@ -86,21 +90,42 @@ class Transport:
         """``kind`` of ``key`` when the store knows it without a request (the Hub's file list); else ``None``."""
         return None
 
+    def still_there(self, store: Any, key: str, etag: str | None, version: str | None, size: int) -> bool:
+        """Whether ``key`` still holds the object pinned as ``etag``/``version``/``size``: one request (a HEAD).
+        ``FileNotFoundError`` if nothing is there; any other error if the server cannot say."""
+        import obstore
+
+        meta = obstore.head(store, self.path(key))
+        if version:
+            return bool(meta.get("version") == version)
+        return bool(meta["size"] == size and (not etag or meta.get("e_tag") == etag))
+
 
 class _Pin:
-    __slots__ = ("key", "size", "etag", "version", "head", "changed")
+    __slots__ = ("key", "size", "etag", "version", "mtime_ns", "head", "changed")
 
-    def __init__(self, key: str, size: int, etag: str | None, version: str | None, head: bytes) -> None:
+    def __init__(self, key: str, size: int, etag: str | None, version: str | None, mtime_ns: int, head: bytes) -> None:
         self.key = key
         self.size = size
         self.etag = etag
         self.version = version
+        self.mtime_ns = mtime_ns
         self.head = head  # the first bytes, from the speculative first read
         self.changed = False
 
+    @property
+    def tag(self) -> str:
+        """What names this version of the object (the disk cache's key beside the URL)."""
+        return self.version or self.etag or ""
+
 
 class RemoteFiles:
-    """A ``ByteSource`` over one remote store (see the module docstring)."""
+    """A ``ByteSource`` over one remote store (see the module docstring).
+
+    ``ranges_required``: a server that ignores Range (answers 200 with the whole object) is refused with
+    ``RangeIgnored`` (a mount, whose every read would stream the object from its start); without it (``stfs info``,
+    ``stfs check``) the bytes needed are streamed from the start of the body and the connection dropped after them.
+    """
 
     first_read = FIRST_READ
     concurrency = WORKERS  # headers of many shards are read in parallel
@@ -112,20 +137,25 @@ class RemoteFiles:
         timeout: float = DEFAULT_TIMEOUT,
         block_size: int = DEFAULT_BLOCK_SIZE,
         disk_cache: DiskCache | None = None,
+        ranges_required: bool = False,
     ) -> None:
         self.transport = transport
         self.timeout = timeout
-        self.block_size = block_size
-        self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES, cache_size // 4) // block_size)
+        # A piece larger than the whole cache could not be kept at all (cachetools refuses it).
+        self.block_size = max(64 * 1024, min(block_size, cache_size // 4))
+        self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES, cache_size // 4) // self.block_size)
         self.disk_cache = disk_cache
+        self.ranges_required = ranges_required
         self._store: Any = None
         self._lock = threading.Lock()
         self._pins: dict[str, _Pin] = {}
+        self._pinning: dict[str, threading.Lock] = {}
         # (key, block) -> [(lo, hi, data)]: the fetched pieces of one block (a piece is clipped to a span)
         self._blocks: LRUCache = LRUCache(maxsize=cache_size, getsizeof=lambda pieces: sum(len(p[2]) for p in pieces))
         self._fetching: dict[tuple[str, int, int, int], Future] = {}
         self._streams: LRUCache = LRUCache(maxsize=256)  # (key, span start) -> [next offset, window]
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
         self.requests = 0
         self.bytes_fetched = 0
         self.ignores_range = False
@@ -142,27 +172,31 @@ class RemoteFiles:
             self._pin(key)
             return Kind.FILE
         except FileNotFoundError:
-            listed = self.transport.list(key.rstrip("/") + "/")
+            listed = self.transport.list(self._get_store(), key.rstrip("/") + "/")
             return Kind.FOLDER if listed else None
 
     def walk(self, folder: str) -> list[str]:
-        listed = self.transport.list(folder.rstrip("/") + "/")
+        listed = self.transport.list(self._get_store(), folder.rstrip("/") + "/")
         if listed is None:
             raise OSError(f"{folder}: this kind of server cannot list a folder; name a .safetensors file or an index")
         return listed
 
     def stat(self, key: str) -> FileInfo:
         pin = self._pin(key)
-        return FileInfo(key=key, size=pin.size, mtime_ns=0, version=pin.version or pin.etag or "")
+        return FileInfo(key=key, size=pin.size, mtime_ns=pin.mtime_ns, version=pin.tag)
 
     def read(self, key: str, offset: int, size: int) -> bytes:
+        """Bytes for headers and indexes: from the first read where it holds them, the rest in one request."""
         pin = self._pin(key)
         end = min(offset + size, pin.size)
+        if end <= offset:
+            return b""
         if end <= len(pin.head):
             return pin.head[offset:end]
-        buffer = bytearray(max(0, end - offset))
-        self.read_into(key, offset, memoryview(buffer), span=(0, pin.size))
-        return bytes(buffer)
+        known = pin.head[offset:] if offset < len(pin.head) else b""
+        start = offset + len(known)
+        deadline = time.monotonic() + self.timeout
+        return known + bytes(self._retrying(lambda: self._get_range(pin, start, end), pin, deadline))
 
     def read_into(self, key: str, offset: int, buffer: memoryview, span: tuple[int, int] | None = None) -> int:
         """Fill ``buffer`` with bytes of ``key`` from ``offset``; ``span`` bounds fetches and readahead (a tensor)."""
@@ -173,53 +207,59 @@ class RemoteFiles:
         count = min(len(buffer), pin.size - offset)
         if count <= 0:
             return 0
-        deadline = time.monotonic() + self.timeout
         view = buffer.cast("B") if buffer.format != "B" else buffer
+        if offset + count <= len(pin.head):  # a header, a small file: the first read has it
+            view[:count] = pin.head[offset : offset + count]
+            return count
+        deadline = time.monotonic() + self.timeout
         whole = self._read_ahead(pin, offset, count, low, high)
         done = 0
         while done < count:
             position = offset + done
+            if position < len(pin.head):  # the first read's bytes are never fetched again
+                take = min(count - done, len(pin.head) - position)
+                view[done : done + take] = pin.head[position : position + take]
+                done += take
+                continue
             block = position // self.block_size
             end = min(offset + count, (block + 1) * self.block_size)
-            piece = self._piece(pin, block, position, end, low, high, whole, deadline)
-            lo, data = piece[0], piece[2]
+            lo, _, data = self._piece(pin, block, position, end, low, high, whole, deadline)
             take = min(count - done, lo + len(data) - position)
             view[done : done + take] = data[position - lo : position - lo + take]
             done += take
         return done
 
     def changed(self) -> list[str]:
-        """Keys whose object no longer has the pinned version, asked of the server (one HEAD each)."""
-        import obstore
-
+        """Keys whose object no longer has the pinned version, asked of the server (one request each)."""
+        with self._lock:
+            pins = list(self._pins.values())
+        store = self._get_store()
         changed = []
-        for key, pin in list(self._pins.items()):
+        for pin in pins:
             if pin.changed:
-                changed.append(key)
+                changed.append(pin.key)
                 continue
             try:
-                meta = self._call(partial(obstore.head, self._get_store(), self.transport.path(key)))
+                same = self._call(partial(self.transport.still_there, store, pin.key, pin.etag, pin.version, pin.size))
             except FileNotFoundError:
-                changed.append(key)
-                continue
+                same = False
             except Exception as exc:  # cannot ask: say so in the log, count it as unknown (unchanged)
-                log.warning("cannot check %s: %s", key, exc)
+                log.warning("cannot check %s: %s", pin.key, _one_line(exc))
                 continue
-            if (
-                (pin.version and meta.get("version") != pin.version)
-                or (pin.etag and meta.get("e_tag") != pin.etag)
-                or meta["size"] != pin.size
-            ):
-                changed.append(key)
+            if not same:
+                changed.append(pin.key)
         return sorted(changed)
 
     def close(self) -> None:
+        """Stop fetching: queued fetches are dropped, running ones end by themselves (each has a timeout)."""
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def transfer(self) -> dict[str, int]:
         """What went over the wire so far: requests (a HEAD counts) and body bytes."""
-        return {"requests": self.requests, "bytes": self.bytes_fetched}
+        with self._lock:
+            return {"requests": self.requests, "bytes": self.bytes_fetched}
 
     # -- pinning -------------------------------------------------------------------------------------------------
 
@@ -227,44 +267,70 @@ class RemoteFiles:
         pin = self._pins.get(key)
         if pin is not None:
             return pin
+        with self._lock:
+            pinning = self._pinning.setdefault(key, threading.Lock())
+        with pinning:  # one first read per file, whoever asks first
+            pin = self._pins.get(key)
+            if pin is None:
+                pin = self._probe(key)
+                with self._lock:
+                    self._pins[key] = pin
+            return pin
+
+    def _probe(self, key: str) -> _Pin:
+        """The speculative first read: the first ``first_read`` bytes, and with them size and version."""
         import obstore
 
         path = self.transport.path(key)
+        deadline = time.monotonic() + self.timeout
 
         def probe() -> tuple[Any, bytes]:
             result = obstore.get(self._get_store(), path, options={"range": (0, self.first_read)})
             return result.meta, bytes(result.bytes())
 
         try:
-            meta, head = self._call(probe)
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            if _is_not_partial(exc):
-                meta, head = self._whole_prefix(path)
-            elif "416" in str(exc) or "range" in str(exc).lower():  # an empty object has no byte to ask for
-                meta, head = self._call(lambda: obstore.head(self._get_store(), path)), b""
-            else:
-                raise OSError(f"{key}: {_one_line(exc)}") from exc
-        pin = _Pin(key, int(meta["size"]), meta.get("e_tag"), meta.get("version"), head)
-        with self._lock:
-            return self._pins.setdefault(key, pin)
+            if self.ignores_range:  # known from another file of this server: do not ask for a range again
+                raise _NoRange(path)
+            meta, head = self._retrying(probe, None, deadline)
+        except _NoRange:
+            # An empty object has no byte to ask for (nginx answers 200, S3 416); else the server ignores Range.
+            meta, head = self._retrying(lambda: self._stream(path, 0, self.first_read), None, deadline)
+        last_modified = meta.get("last_modified")
+        mtime_ns = int(last_modified.timestamp() * 1e9) if last_modified is not None else 0
+        return _Pin(key, int(meta["size"]), meta.get("e_tag"), meta.get("version"), mtime_ns, head)
 
-    def _whole_prefix(self, path: str) -> tuple[Any, bytes]:
-        """For a server that ignores Range: stream the first bytes of the whole body, then drop the connection."""
+    def _stream(self, path: str, lo: int, hi: int, pin: _Pin | None = None) -> tuple[Any, bytes]:
+        """``[lo, hi)`` of an object whose server ignores Range: its body streamed from the start, the connection
+        dropped once ``hi`` is reached (never the whole body), unless a mount needs ranges (``RangeIgnored``)."""
         import obstore
 
-        self.ignores_range = True
-        result = obstore.get(self._get_store(), path)
+        options: Any = {}
+        if pin is not None and pin.version:
+            options["version"] = pin.version
+        elif pin is not None and pin.etag:
+            options["if_match"] = pin.etag
+        result = obstore.get(self._get_store(), path, options=options)
+        meta = result.meta
+        if int(meta["size"]) == 0:
+            return meta, b""
+        if self.ranges_required:
+            raise RangeIgnored(
+                "the server ignores Range requests (it answered 200 with the whole file): stfs mount needs them; "
+                "stfs info and stfs check work"
+            )
+        if not self.ignores_range:
+            log.warning("the server of %s ignores Range requests: reading from the start of each file", path)
+            self.ignores_range = True
         received = bytearray()
-        for chunk in result.stream(min_chunk_size=64 * 1024):  # closed when dropped: never the whole body
-            received += chunk
-            if len(received) >= self.first_read:
-                break
-        with self._lock:
-            self.requests += 1
-            self.bytes_fetched += len(received)
-        return result.meta, bytes(received[: self.first_read])
+        stream = result.stream(min_chunk_size=64 * 1024)
+        try:
+            for chunk in stream:
+                received += chunk
+                if len(received) >= hi:
+                    break
+        finally:
+            del stream, result  # closes the connection: the rest of the body is never read
+        return meta, bytes(received[lo:hi])
 
     # -- blocks --------------------------------------------------------------------------------------------------
 
@@ -290,7 +356,7 @@ class RemoteFiles:
     def _submit(self, pin: _Pin, block: int, low: int, high: int, start: int, end: int, whole: bool = True) -> Future:
         """Start fetching ``block`` clipped to ``[low, high)`` (or only ``[start, end)``); the lock is held."""
         block_lo, block_hi = block * self.block_size, min(pin.size, (block + 1) * self.block_size)
-        lo, hi = (max(block_lo, low), min(block_hi, high)) if whole else (start, end)
+        lo, hi = (max(block_lo, low, len(pin.head)), min(block_hi, high)) if whole else (start, end)
         fetch_key = (pin.key, block, lo, hi)
         future = self._fetching.get(fetch_key)
         if future is None:
@@ -298,27 +364,14 @@ class RemoteFiles:
         return future
 
     def _fetch(self, pin: _Pin, block: int, lo: int, hi: int) -> tuple[int, int, memoryview]:
-        import obstore
-
         try:
-            kept = self.disk_cache.get(pin.key, pin.version or pin.etag or "", lo, hi) if self.disk_cache else None
+            kept = self.disk_cache.get(pin.key, pin.tag, lo, hi) if self.disk_cache else None
             if kept is not None:
                 data = memoryview(kept)
             else:
-                options: Any = {"range": (lo, hi)}
-                if pin.version:
-                    options["version"] = pin.version
-                elif pin.etag:
-                    options["if_match"] = pin.etag
-                path = self.transport.path(pin.key)
-                # obstore's Bytes, not a copy: a memoryview of the buffer Rust filled
-                data = self._retrying(
-                    lambda: memoryview(obstore.get(self._get_store(), path, options=options).bytes()), pin
-                )
-                if len(data) != hi - lo:
-                    raise OSError(f"{pin.key}: asked for bytes {lo}-{hi}, got {len(data)}")
+                data = self._retrying(lambda: self._get_range(pin, lo, hi), pin, time.monotonic() + self.timeout)
                 if self.disk_cache is not None:
-                    self.disk_cache.put(pin.key, pin.version or pin.etag or "", lo, hi, data)
+                    self.disk_cache.put(pin.key, pin.tag, lo, hi, data)
             piece = (lo, hi, data)
             with self._lock:
                 pieces = [p for p in self._blocks.get((pin.key, block), ()) if not (lo <= p[0] and p[1] <= hi)]
@@ -328,23 +381,55 @@ class RemoteFiles:
             with self._lock:
                 self._fetching.pop((pin.key, block, lo, hi), None)
 
-    def _retrying(self, call: Callable[[], memoryview], pin: _Pin) -> memoryview:
-        """``call()`` again after resets, timeouts, 5xx and 429, with backoff, until ``timeout`` has passed."""
-        deadline = time.monotonic() + self.timeout
+    def _get_range(self, pin: _Pin, lo: int, hi: int) -> memoryview:
+        """One ranged GET of the pinned version (``If-Match`` its ETag, or its S3 VersionId)."""
+        import obstore
+
+        options: Any = {"range": (lo, hi)}
+        if pin.version:
+            options["version"] = pin.version
+        elif pin.etag:
+            options["if_match"] = pin.etag
+        path = self.transport.path(pin.key)
+        try:
+            # obstore's Bytes, not a copy: a memoryview of the buffer Rust filled
+            data = memoryview(obstore.get(self._get_store(), path, options=options).bytes())
+        except Exception as exc:
+            if _kind_of(exc) != "no-range" or self.ranges_required:
+                raise
+            data = memoryview(self._stream(path, lo, hi, pin)[1])
+        if len(data) != hi - lo:
+            raise OSError(f"asked for bytes {lo}-{hi}, got {len(data)}")
+        return data
+
+    def _retrying(self, call: Callable[[], T], pin: _Pin | None, deadline: float) -> T:
+        """``call()`` again after resets, timeouts, 5xx and 429, with backoff, until ``deadline``; a changed or
+        vanished object (412, 404 of a pinned one) marks ``pin`` changed and fails at once."""
         delay = 0.05
         while True:
+            if self._closed:
+                raise OSError("the mount is going away")
             try:
                 return self._call(call)
             except Exception as exc:
-                if type(exc).__name__ == "PreconditionError" or _is_not_partial(exc):
+                kind = _kind_of(exc)
+                if pin is not None and kind in ("changed", "gone"):
                     self._changed(pin, _one_line(exc))
-                if isinstance(exc, FileNotFoundError):
-                    self._changed(pin, "it is gone from the server")
-                if time.monotonic() + delay >= deadline:
-                    raise OSError(f"{pin.key}: gave up after {self.timeout:g} s: {_one_line(exc)}") from exc
-                log.debug("retrying %s after %s", pin.key, _one_line(exc))
+                if kind == "gone":
+                    raise FileNotFoundError(_one_line(exc)) from exc
+                if kind == "no-range":
+                    if pin is None:
+                        raise _NoRange(_one_line(exc)) from exc
+                    raise RangeIgnored("the server no longer answers Range requests (it sent the whole file)") from exc
+                if kind != "retry" or time.monotonic() + delay >= deadline:
+                    if kind == "retry":
+                        raise OSError(f"gave up after {self.timeout:g} s: {_one_line(exc)}") from exc
+                    if isinstance(exc, OSError) and not type(exc).__module__.startswith("obstore"):
+                        raise
+                    raise OSError(_one_line(exc)) from exc
+                log.debug("retrying %s after %s", pin.key if pin else "a first read", _one_line(exc))
                 time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, 1.0)
 
     def _changed(self, pin: _Pin, detail: str) -> None:
         if not pin.changed:
@@ -352,20 +437,20 @@ class RemoteFiles:
             log.error("%s changed since it was mounted (%s); its reads now fail with EIO", pin.key, detail)
         raise SourceChanged(f"{pin.key} has changed since it was mounted")
 
-    def _call(self, call: Callable[[], Any]) -> Any:
+    def _call(self, call: Callable[[], T]) -> T:
         with self._lock:
             self.requests += 1
-        result = call()
+        result: Any = call()
         size = len(result[1]) if isinstance(result, tuple) else len(result) if isinstance(result, memoryview) else 0
         with self._lock:
             self.bytes_fetched += size
-        return result
+        return cast(T, result)
 
     def _wait(self, future: Future, deadline: float) -> tuple[int, int, memoryview]:
         remaining = deadline - time.monotonic()
         try:
             return future.result(timeout=max(0.0, remaining))
-        except TimeoutError:
+        except FutureTimeout:
             raise OSError(f"no answer from the server within {self.timeout:g} s") from None
 
     def _read_ahead(self, pin: _Pin, offset: int, count: int, low: int, high: int) -> bool:
@@ -385,8 +470,9 @@ class RemoteFiles:
             first = offset // self.block_size
             last = min(-(-high // self.block_size), (offset + count - 1) // self.block_size + 1 + window)
             for block in range(first, last):
-                if not any(
-                    p[0] <= max(low, block * self.block_size) < p[1] for p in self._blocks.get((pin.key, block), ())
+                need = max(low, block * self.block_size, len(pin.head))  # the block's first byte not at hand
+                if need < min(high, (block + 1) * self.block_size) and not any(
+                    p[0] <= need < p[1] for p in self._blocks.get((pin.key, block), ())
                 ):
                     self._submit(pin, block, low, high, 0, 0)
         return True
@@ -404,9 +490,44 @@ class RemoteFiles:
         return self._store
 
 
-def _is_not_partial(exc: Exception) -> bool:
+class _NoRange(OSError):
+    """A Range request answered without a range: an empty object, or a server that ignores Range."""
+
+
+_STATUS = re.compile(r"status code: (\d{3})")
+
+
+def _kind_of(exc: BaseException) -> str:
+    """How to take a failed request: ``gone`` (404), ``changed`` (412: If-Match failed), ``no-range`` (200 or 416
+    to a Range request), ``fatal`` (another 4xx: asking again will not help), else ``retry`` (resets, timeouts,
+    5xx, 429)."""
+    name = type(exc).__name__
+    if isinstance(exc, FileNotFoundError) or name == "NotFoundError":
+        return "gone"
+    if name == "PreconditionError":
+        return "changed"
     text = str(exc)
-    return "NotPartial" in text or "not partial" in text.lower() or "200 OK" in text and "range" in text.lower()
+    if "RangeNotSupported" in text or "Range request not supported" in text or "NotPartial" in text:
+        return "no-range"
+    match = _STATUS.search(text)
+    status = int(match.group(1)) if match else 0
+    if status == 416:
+        return "no-range"
+    if status == 412:
+        return "changed"
+    if status == 404:
+        return "gone"
+    if isinstance(exc, (RangeIgnored, SourceChanged)) or name in (
+        "PermissionDeniedError",
+        "UnauthenticatedError",
+        "InvalidPathError",
+        "NotSupportedError",
+        "UnknownConfigurationKeyError",
+    ):
+        return "fatal"
+    if 400 <= status < 500 and status not in (408, 429):
+        return "fatal"
+    return "retry"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -41,14 +41,10 @@ def _client_options(timeout: float, headers: dict[str, str] | None = None, allow
     return options
 
 
-def _retry_config(timeout: float) -> Any:
-    from datetime import timedelta
-
-    return {
-        "max_retries": 10,
-        "retry_timeout": timedelta(seconds=timeout),
-        "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=2), "base": 2},
-    }
+# RemoteFiles retries itself (until --timeout, counting every request it makes): obstore must not retry too.
+NO_RETRIES: Any = {"max_retries": 0}
+# A server with gzip on answers a ranged GET with the whole body, compressed, unless asked for identity.
+IDENTITY = {"Accept-Encoding": "identity"}
 
 
 class HttpTransport(Transport):
@@ -64,8 +60,8 @@ class HttpTransport(Transport):
 
         return HTTPStore(
             self.base,
-            client_options=_client_options(self.timeout, self.headers),
-            retry_config=_retry_config(self.timeout),
+            client_options=_client_options(self.timeout, {**IDENTITY, **self.headers}),
+            retry_config=NO_RETRIES,
         )
 
 
@@ -91,16 +87,14 @@ class S3Transport(Transport):
             self.bucket,
             config=config,
             client_options=_client_options(self.timeout),
-            retry_config=_retry_config(self.timeout),
+            retry_config=NO_RETRIES,
         )
 
-    def list(self, key: str) -> list[str] | None:
+    def list(self, store: Any, key: str) -> list[str] | None:
         import obstore
 
-        prefix = self.path(key)
-        keys = [
-            f"{self.base}/{meta['path']}" for batch in obstore.list(self.make_store(), prefix or None) for meta in batch
-        ]
+        prefix = self.path(key).strip("/")
+        keys = [f"{self.base}/{meta['path']}" for batch in obstore.list(store, prefix or None) for meta in batch]
         return sorted(key for key in keys if not key.endswith("/"))
 
 
@@ -108,10 +102,19 @@ class HubTransport(Transport):
     """A Hugging Face Hub repository pinned to one commit; its file list comes with the commit."""
 
     def __init__(
-        self, repo: str, commit: str, files: list[str], endpoint: str, token: str | None, timeout: float
+        self,
+        repo: str,
+        commit: str,
+        files: dict[str, str],
+        endpoint: str,
+        token: str | None,
+        timeout: float,
+        revision: str | None = None,
     ) -> None:
         self.repo = repo
         self.commit = commit
+        self.revision = revision or commit  # what SOURCE named: a branch moves on, the mount stays at the commit
+        self.oids = files  # path -> the Hub's ETag of it at the commit (LFS sha256 or git blob id)
         self.files = sorted(files)
         self.endpoint = endpoint.rstrip("/")
         self.token = token
@@ -124,11 +127,11 @@ class HubTransport(Transport):
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return HTTPStore(
             f"{self.endpoint}/{self.repo}/resolve/{self.commit}",
-            client_options=_client_options(self.timeout, headers),
-            retry_config=_retry_config(self.timeout),
+            client_options=_client_options(self.timeout, {**IDENTITY, **headers}),
+            retry_config=NO_RETRIES,
         )
 
-    def list(self, key: str) -> list[str] | None:
+    def list(self, store: Any, key: str) -> list[str] | None:
         prefix = self.path(key)
         prefix = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
         return [f"{self.base}/{name}" for name in self.files if name.startswith(prefix)]
@@ -137,13 +140,34 @@ class HubTransport(Transport):
         path = self.path(key).rstrip("/")
         if not path or any(name.startswith(path + "/") for name in self.files):
             return Listing(Kind.FOLDER)
-        return Listing(Kind.FILE if path in self.files else None)
+        return Listing(Kind.FILE if path in self.oids else None)
+
+    def still_there(self, store: Any, key: str, etag: str | None, version: str | None, size: int) -> bool:
+        """Whether the revision SOURCE named (a branch moves) still holds this file as it was at the pinned commit:
+        one HEAD of its ``resolve/`` URL, whose redirect carries the file's ETag (not followed)."""
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+        from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+        path = self.path(key)
+        url = hf_hub_url(self.repo, path, revision=self.revision, endpoint=self.endpoint)
+        try:
+            meta = get_hf_file_metadata(url, token=self.token or False, timeout=self.timeout)
+        except (EntryNotFoundError, RevisionNotFoundError, RepositoryNotFoundError):
+            raise FileNotFoundError(key) from None
+        pinned = self.oids.get(path)
+        return not pinned or (meta.etag or "").strip('"') == pinned
 
 
 def open_remote(
-    text: str, *, cache_size: int = DEFAULT_CACHE_SIZE, timeout: float = DEFAULT_TIMEOUT, cache_dir: str | None = None
+    text: str,
+    *,
+    cache_size: int = DEFAULT_CACHE_SIZE,
+    timeout: float = DEFAULT_TIMEOUT,
+    cache_dir: str | None = None,
+    ranges_required: bool = False,
 ) -> tuple[RemoteFiles, str]:
-    """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision pinned)."""
+    """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision pinned);
+    ``ranges_required``: refuse a server that ignores Range (a mount) rather than stream from the start (info)."""
     disk = DiskCache(cache_dir) if cache_dir else None
     transport: Transport
     if text.startswith("hf://"):
@@ -165,7 +189,10 @@ def open_remote(
         host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
         base = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
         transport, key = HttpTransport(base, headers, timeout), base + (parts.path or "/")
-    return RemoteFiles(transport, cache_size=cache_size, timeout=timeout, disk_cache=disk), key
+    source = RemoteFiles(
+        transport, cache_size=cache_size, timeout=timeout, disk_cache=disk, ranges_required=ranges_required
+    )
+    return source, key
 
 
 def _hub(text: str, timeout: float) -> tuple[HubTransport, str]:
@@ -179,13 +206,18 @@ def _hub(text: str, timeout: float) -> tuple[HubTransport, str]:
     token = os.environ.get("HF_TOKEN") or None
     repo, revision, path = match["repo"], match["revision"] or "main", (match["path"] or "").strip("/")
     try:
-        info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, timeout=timeout)
+        info = HfApi(endpoint=endpoint, token=token).model_info(
+            repo, revision=revision, timeout=timeout, files_metadata=True
+        )
     except HfHubHTTPError as exc:
         raise errors.SourceError(f"hf://{repo}@{revision}: {_first_line(exc)}") from None
     except OSError as exc:
         raise errors.SourceError(f"hf://{repo}@{revision}: cannot reach {endpoint}: {_first_line(exc)}") from None
-    files = [sibling.rfilename for sibling in info.siblings or []]
-    transport = HubTransport(repo, info.sha or revision, files, endpoint, token, timeout)
+    files = {
+        sibling.rfilename: (sibling.lfs.sha256 if sibling.lfs else sibling.blob_id) or ""
+        for sibling in info.siblings or []
+    }
+    transport = HubTransport(repo, info.sha or revision, files, endpoint, token, timeout, revision)
     return transport, transport.base + (f"/{path}" if path else "/")
 
 
