@@ -96,13 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument(
         "--cache-dir", metavar="DIR", help="remote sources: also keep fetched blocks in DIR, across mounts"
     )
-    mount.add_argument(
-        "--timeout",
-        type=_option_type(seconds),
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"remote sources: a read gives up with EIO after this long (default {DEFAULT_TIMEOUT:g})",
-    )
+    _timeout(mount)
 
     unmount = commands.add_parser("unmount", help="unmount, also a mount whose daemon died")
     _common(unmount)
@@ -113,11 +107,23 @@ def build_parser() -> argparse.ArgumentParser:
     _common(info)
     info.add_argument("sources", nargs="+", metavar="SOURCE")
     info.add_argument("--json", action="store_true", help="print JSON")
+    _timeout(info)
 
     check = commands.add_parser("check", help="validate; one line per problem; exit 0 only if all are valid")
     _common(check)
     check.add_argument("sources", nargs="+", metavar="SOURCE")
+    _timeout(check)
     return parser
+
+
+def _timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=_option_type(seconds),
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"remote sources: a read gives up with EIO after this long (default {DEFAULT_TIMEOUT:g})",
+    )
 
 
 def _option_type(read: Callable[[str | None], object]) -> Callable[[str], object]:
@@ -196,7 +202,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     models = []
     transfer: dict[str, int] | None = None  # what went over the wire, for remote sources
     for text in args.sources:
-        source, key = open_source(text)
+        source, key = open_source(text, timeout=args.timeout)
         try:
             models += [load(model_source, source) for model_source in discover(key, source)]
         finally:
@@ -215,8 +221,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     problems = 0
     checked = 0
     for text in args.sources:
-        source, key = open_source(text)
         try:
+            source, key = open_source(text, timeout=args.timeout)
             model_sources = discover(key, source)
         except errors.StfsError as exc:
             print(exc.message)

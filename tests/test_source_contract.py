@@ -1,7 +1,9 @@
 """The contract every byte source keeps, run against each implementation (as fsspec's tests/abstract do).
 
-A new source (HTTP, S3, the Hub) joins by adding a ``Setup`` to ``SETUPS``: a way to publish a tree of
-files and open the source that serves them. Every test here then runs against it.
+A new source joins by adding a ``Setup`` to ``SETUPS``: a way to publish a tree of files (with the test
+servers of tests/servers.py where it needs one) and open the source that serves them. Every test here then
+runs against it: local files, S3 (moto) and the Hub (nginx). Plain HTTP cannot list a folder, so it has
+no setup here; tests/test_remote*.py cover it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stfs.sources import ByteSource, Kind, LocalFiles, SpliceSource, join_key, parent_key, relative_key
+from stfs.sources import ByteSource, Kind, LocalFiles, SpliceSource, join_key, open_source, parent_key, relative_key
 
 Files = dict[str, bytes]
 
@@ -22,13 +24,13 @@ Files = dict[str, bytes]
 @dataclass
 class Setup:
     """Publishes ``files`` (relative path -> bytes) and opens a source on them; returns the source and
-    the key of the folder that holds them."""
+    the key of the folder that holds them. ``request`` gives the servers' fixtures."""
 
     name: str
-    open: Callable[[Path, Files], tuple[ByteSource, str]]
+    open: Callable[[pytest.FixtureRequest, Path, Files], tuple[ByteSource, str]]
 
 
-def _local(folder: Path, files: Files) -> tuple[ByteSource, str]:
+def _local(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
     for relative, data in files.items():
         path = folder / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,7 +38,21 @@ def _local(folder: Path, files: Files) -> tuple[ByteSource, str]:
     return LocalFiles(), str(folder)
 
 
-SETUPS = [Setup("local", _local)]
+def _s3(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
+    s3 = request.getfixturevalue("s3")
+    bucket = s3.create_bucket("contract")
+    for relative, data in files.items():
+        s3.put_object(bucket, f"root/{relative}", data)
+    return open_source(f"s3://{bucket}/root/")
+
+
+def _hub(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
+    hub = request.getfixturevalue("hub")
+    hub.publish_repo("org", "contract", files)
+    return open_source("hf://org/contract")
+
+
+SETUPS = [Setup("local", _local), Setup("s3", _s3), Setup("hub", _hub)]
 
 FILES: Files = {
     "a.safetensors": random.Random(1).randbytes(300_000),
@@ -48,7 +64,7 @@ FILES: Files = {
 
 @pytest.fixture(params=SETUPS, ids=lambda setup: setup.name)
 def published(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[ByteSource, str]]:
-    source, root = request.param.open(tmp_path / "root", FILES)
+    source, root = request.param.open(request, tmp_path / "root", FILES)
     yield source, root
     source.close()
 
