@@ -273,8 +273,10 @@ class StfsFUSE(mfusepy.FUSE):
     def init_fuse_3(self, conn: Any, config: Any) -> None:
         info = conn.contents
         info.max_read = self._max_read  # libfuse aborts unless it equals the max_read mount option
-        if info.capable & FUSE_CAP_SPLICE_WRITE:
+        if self._splice_into is not None and info.capable & FUSE_CAP_SPLICE_WRITE:
             info.want |= FUSE_CAP_SPLICE_WRITE  # let libfuse splice read_buf's pipes into /dev/fuse
+        # else (a remote source): every reply is memory, which with splice-write on libfuse would first copy
+        # into a pipe of its own (fuse_lowlevel.c, fuse_send_data_iov); off, it is written to /dev/fuse as is
         super().init_fuse_3(conn, config)
 
     def getattr_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
