@@ -344,7 +344,9 @@ class StfsFUSE(mfusepy.FUSE):
             raise FuseOSError(errno.ENOMEM)
         try:
             if count:
-                count = operations.fill(node, _memory_view(memory, count), offset)
+                count = operations.fill(
+                    node, memoryview((ctypes.c_char * count).from_address(memory)).cast("B"), offset
+                )
         except BaseException:
             _libc.free(memory)
             raise

@@ -12,7 +12,6 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -290,6 +289,8 @@ def _each(function: Callable[[T], R], items: list[T], concurrency: int) -> list[
     """``function`` over ``items``, in order; ``concurrency`` at a time (a remote source reads headers in parallel)."""
     if concurrency <= 1 or len(items) <= 1:
         return [function(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor  # remote sources only
+
     with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
         return list(pool.map(function, items))
 

@@ -8,6 +8,7 @@ process may write its own memory through ``/proc/self/mem``: each secret is repl
 from __future__ import annotations
 
 import logging
+import urllib.parse
 
 log = logging.getLogger(__name__)
 
@@ -45,3 +46,11 @@ def _percent_encoded(secret: str) -> bytes:
     from urllib.parse import quote
 
     return quote(secret, safe="").encode()
+
+
+def secrets_of(text: str) -> list[str]:
+    """The parts of a SOURCE that must never be shown: an HTTP(S) URL's password."""
+    if not text.startswith(("http://", "https://")):
+        return []
+    password = urllib.parse.urlsplit(text).password
+    return [password] if password else []

@@ -3,6 +3,8 @@
 import os
 
 from .base import (
+    DEFAULT_CACHE_SIZE,
+    DEFAULT_TIMEOUT,
     PAGE,
     ByteSource,
     FileInfo,
@@ -10,6 +12,7 @@ from .base import (
     SourceChanged,
     SpliceSource,
     base_name,
+    is_url,
     join_key,
     parent_key,
     relative_key,
@@ -50,10 +53,8 @@ def open_source(
     (``keep_source_cache`` leaves the source's page cache alone instead of dropping pages once served;
     ``threads``: requests may come from several threads at once).
     """
-    from .urls import is_url, open_remote
-
     if is_url(text):
-        from .remote import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT
+        from .urls import open_remote  # obstore and its threads: only for the sources that need them
 
         return open_remote(
             text,

@@ -18,6 +18,16 @@ from enum import Enum
 from typing import Protocol, runtime_checkable
 
 PAGE = 4096
+URL_SCHEMES = ("http://", "https://", "s3://", "hf://")
+DEFAULT_CACHE_SIZE = 1 << 30  # remote sources: fetched blocks kept in memory
+DEFAULT_TIMEOUT = 30.0  # remote sources: seconds before a read gives up
+
+
+def is_url(text: str) -> bool:
+    """Whether a SOURCE names a remote source (``stfs.sources.urls``) rather than a local path."""
+    return text.startswith(URL_SCHEMES)
+
+
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*")
 
 

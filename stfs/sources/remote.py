@@ -37,15 +37,13 @@ from typing import Any, TypeVar, cast
 
 from cachetools import LRUCache
 
-from .base import FileInfo, Kind, SourceChanged
+from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SourceChanged
 from .disk_cache import DiskCache
 
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 DEFAULT_BLOCK_SIZE = 4 * MIB
-DEFAULT_CACHE_SIZE = 1 << 30
-DEFAULT_TIMEOUT = 30.0
 FIRST_READ = 100_000  # the Hub's own metadata reader asks for this much: most headers fit
 FORWARD_SLACK = 16 * MIB  # the kernel's readahead may skip ahead this far and still be one sequential reader
 BACKWARD_SLACK = 1 * MIB

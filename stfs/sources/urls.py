@@ -14,16 +14,11 @@ import urllib.parse
 from typing import Any
 
 from .. import errors
-from .base import Kind
+from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
 from .disk_cache import DiskCache
-from .remote import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Listing, RemoteFiles, Transport
+from .remote import Listing, RemoteFiles, Transport
 
-SCHEMES = ("http://", "https://", "s3://", "hf://")
 _HUB_REPO = re.compile(r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<revision>[^/]+))?(?:/(?P<path>.*))?$")
-
-
-def is_url(text: str) -> bool:
-    return text.startswith(SCHEMES)
 
 
 def _client_options(timeout: float, headers: dict[str, str] | None = None, allow_http: bool = True) -> Any:
@@ -234,11 +229,3 @@ def _without_credentials(url: str) -> str:
     if parts.port:
         netloc += f":{parts.port}"
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def secrets_of(text: str) -> list[str]:
-    """The parts of a SOURCE that must never be shown (a URL's user and password)."""
-    if not is_url(text):
-        return []
-    password = urllib.parse.urlsplit(text).password
-    return [password] if password else []
