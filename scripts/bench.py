@@ -713,8 +713,8 @@ def views_models(folder: str, size: int) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
-def dd_watching(path: str, pid: int) -> tuple[float, int]:
-    """``dd_seconds(path)`` and the daemon's highest RssAnon meanwhile (sampled every 10 ms)."""
+def peak_rss_while(pid: int, work: Callable[[], float]) -> tuple[float, int]:
+    """``work()``'s result and the highest RssAnon of ``pid`` meanwhile (sampled every 10 ms)."""
     import threading
 
     peak = [proc_fields(pid, "status")["RssAnon"]]
@@ -728,11 +728,16 @@ def dd_watching(path: str, pid: int) -> tuple[float, int]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        seconds = dd_seconds(path)
+        result = work()
     finally:
         done.set()
         sampler.join()
-    return seconds, max(peak[0], proc_fields(pid, "status")["RssAnon"])
+    return result, max(peak[0], proc_fields(pid, "status")["RssAnon"])
+
+
+def dd_watching(path: str, pid: int) -> tuple[float, int]:
+    """``dd_seconds(path)`` and the daemon's highest RssAnon meanwhile."""
+    return peak_rss_while(pid, lambda: dd_seconds(path))
 
 
 LOAD_NPY = (

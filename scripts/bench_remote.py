@@ -30,7 +30,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -46,7 +45,7 @@ from scripts.bench import (  # noqa: E402
     dd_seconds,
     environment,
     log,
-    proc_fields,
+    peak_rss_while,
     random_fill,
     stfs_command,
     write_model,
@@ -163,26 +162,6 @@ def timed_cat(paths: list[str]) -> float:
     started = time.perf_counter()
     subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
     return time.perf_counter() - started
-
-
-def peak_rss_while(pid: int, work: Callable[[], float]) -> tuple[float, int]:
-    """``work()``'s result and the highest RssAnon of ``pid`` meanwhile (sampled every 10 ms)."""
-    peak = [proc_fields(pid, "status")["RssAnon"]]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            with contextlib.suppress(OSError, KeyError):
-                peak[0] = max(peak[0], proc_fields(pid, "status")["RssAnon"])
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        result = work()
-    finally:
-        done.set()
-        sampler.join()
-    return result, max(peak[0], proc_fields(pid, "status")["RssAnon"])
 
 
 # ---------------------------------------------------------------------------------------------- references

@@ -22,3 +22,12 @@ def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
     kwargs.setdefault("text", True)
     kwargs.setdefault("timeout", 60)
     return subprocess.run(command, **kwargs)  # type: ignore[call-overload]
+
+
+def rss_anon(pid: int) -> int:
+    """The anonymous memory of process ``pid``, in bytes (``RssAnon`` of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as stream:
+        for line in stream:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon")

@@ -13,20 +13,12 @@ from pathlib import Path
 import pytest
 
 from stfs.daemon import daemon_pid
-from tests.helpers import MountFn
+from tests.helpers import MountFn, rss_anon
 from tests.models import tensor_bytes
 from tests.remote_helpers import MIB, big_model, read_cold, tensor_path, zero_model
 from tests.servers import Nginx
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def rss_anon(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as stream:
-        for line in stream:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon")
 
 
 def test_memory_stays_under_the_cache_size_reading_a_larger_model(nginx: Nginx, mount: MountFn, tmp_path: Path) -> None:

@@ -24,9 +24,9 @@ import safetensors
 from stfs.daemon import daemon_pid, mounted
 from stfs.decode import NATIVE
 from stfs.format import DTYPE_BITS
-from tests.helpers import IN_CI, MountFn, fuse_available, run
+from tests.decoding import every_code, parse_npy_header, reference
+from tests.helpers import IN_CI, MountFn, fuse_available, rss_anon, run
 from tests.models import rich_arrays, sharded_arrays, write_header, write_numpy, write_sharded
-from tests.test_decode import every_code, parse_npy_header, reference
 
 ALL_DTYPES = sorted(DTYPE_BITS)
 FLOATS = {"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
@@ -439,14 +439,6 @@ def test_an_unknown_view_is_a_usage_error(models: Path, tmp_path: Path, spelling
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("usage: stfs mount") and "view" in result.stderr
     assert not os.path.ismount(tmp_path)
-
-
-def rss_anon(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as stream:
-        for line in stream:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon")
 
 
 @pytest.mark.timeout(300)
