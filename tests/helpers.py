@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,3 +32,32 @@ def rss_anon(pid: int) -> int:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no RssAnon")
+
+
+def tensor_path(mnt: str, name: str) -> str:
+    """The file of tensor ``name`` in a mount with the nested layout (a plain name: dots make folders)."""
+    return os.path.join(mnt, "tensors", *name.split("."))
+
+
+def read_cold(path: str, offset: int = 0, size: int = -1) -> bytes:
+    """Read through the mount with its page cache dropped first, so the daemon answers (``size`` -1: to the end)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        size = os.fstat(fd).st_size - offset if size < 0 else size
+        chunks = []
+        while size > 0:
+            chunk = os.pread(fd, min(size, 8 << 20), offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def changed(mnt: str) -> list[str]:
+    """The mount root's ``user.stfs.changed``: the sources that no longer hold the mounted bytes."""
+    return json.loads(os.getxattr(mnt, "user.stfs.changed"))

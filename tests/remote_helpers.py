@@ -63,33 +63,6 @@ def source_xattrs(mnt: str) -> dict[str, str]:
     return found
 
 
-def read_cold(path: str, offset: int = 0, size: int = -1) -> bytes:
-    """Read through the mount with its page cache dropped first, so the daemon answers."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        size = os.fstat(fd).st_size - offset if size < 0 else size
-        chunks = []
-        while size > 0:
-            chunk = os.pread(fd, min(size, 8 * MIB), offset)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            offset += len(chunk)
-            size -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def tensor_path(mnt: str, name: str) -> str:
-    return os.path.join(mnt, "tensors", *name.split("."))
-
-
-def changed(mnt: str) -> list[str]:
-    return json.loads(os.getxattr(mnt, "user.stfs.changed"))
-
-
 def wait_for(ready: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not ready():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import MountFn
+from tests.helpers import MountFn, read_cold, tensor_path
 from tests.remote_helpers import (
     MIB,
     big_model,
@@ -19,12 +19,10 @@ from tests.remote_helpers import (
     publish_hub,
     publish_nginx,
     publish_s3,
-    read_cold,
     repository,
     several_models,
     sharded,
     source_xattrs,
-    tensor_path,
     walk,
 )
 from tests.servers import S3, FakeHub, Nginx

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from stfs.daemon import daemon_pid
-from tests.helpers import MountFn, rss_anon
+from tests.helpers import MountFn, read_cold, rss_anon, tensor_path
 from tests.models import tensor_bytes
-from tests.remote_helpers import MIB, big_model, read_cold, tensor_path, zero_model
+from tests.remote_helpers import MIB, big_model, zero_model
 from tests.servers import Nginx
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from stfs.daemon import daemon_pid
-from tests.helpers import MountFn, run
+from tests.helpers import MountFn, changed, read_cold, run, tensor_path
 from tests.models import tensor_bytes, write_numpy, write_sharded
-from tests.remote_helpers import MIB, changed, read_cold, tensor_path, wait_for, walk
+from tests.remote_helpers import MIB, wait_for, walk
 from tests.servers import S3, FakeHub, FaultProxy, Nginx
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 from stfs.daemon import daemon_pid
-from tests.helpers import run
+from tests.helpers import changed, read_cold, run
 from tests.models import write_numpy
-from tests.remote_helpers import changed, read_cold
 from tests.servers import BASIC_PASSWORD, BASIC_USER, S3, FakeHub, Nginx
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,6 @@ delete it), with real mounts and real files; never a mix of two versions.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 from pathlib import Path
@@ -16,26 +15,12 @@ import numpy as np
 import pytest
 
 from stfs.daemon import daemon_pid
-from tests.helpers import MountFn, run
+from tests.helpers import MountFn, changed, read_cold, run, tensor_path
 from tests.models import tensor_bytes, write_numpy, write_sharded
 
 pytestmark = pytest.mark.timeout(300)
 
 MIB = 1 << 20
-
-
-def tensor_path(mnt: str, name: str) -> str:
-    return os.path.join(mnt, "tensors", *name.split("."))
-
-
-def read_cold(path: str, offset: int = 0, size: int = -1) -> bytes:
-    """Read through the mount with its page cache dropped first, so the daemon answers."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return os.pread(fd, os.fstat(fd).st_size if size < 0 else size, offset)
-    finally:
-        os.close(fd)
 
 
 def old_or_eio(path: str, expected: bytes, offset: int = 0) -> str:
@@ -47,10 +32,6 @@ def old_or_eio(path: str, expected: bytes, offset: int = 0) -> str:
         return "eio"
     assert data == expected, f"{path}: bytes of another version"
     return "old"
-
-
-def changed(mnt: str) -> list[str]:
-    return json.loads(os.getxattr(mnt, "user.stfs.changed"))
 
 
 def arrays(version: int, count: int = 8, size: int = 64 * 1024) -> dict[str, np.ndarray]:
