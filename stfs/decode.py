@@ -171,12 +171,7 @@ def npy_header(descr: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 # Dtypes of at most 16 bits: a tensor's values are counted by code (np.bincount), one pass for every statistic.
 _CODE_DTYPES: dict[str, np.dtype | type] = {
-    "BOOL": np.dtype("?"),
-    "U8": np.dtype("u1"),
-    "I8": np.dtype("i1"),
-    "I16": np.dtype("<i2"),
-    "U16": np.dtype("<u2"),
-    "F16": np.dtype("<f2"),
+    **{dtype: NATIVE[dtype] for dtype in ("BOOL", "U8", "I8", "I16", "U16", "F16")},
     "BF16": ml_dtypes.bfloat16,
     **{dtype: code for dtype, code in _CODES.items() if dtype not in _CODE_BITS},
 }

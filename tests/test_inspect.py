@@ -20,7 +20,6 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import safetensors
 from PIL import Image
 
 from stfs.daemon import daemon_pid, mounted
@@ -31,7 +30,7 @@ from stfs.summary import Finished, TensorBytes
 from stfs.tensor_stats import render, stats_size
 from tests.decoding import every_code, reference
 from tests.helpers import IN_CI, MountFn, fuse_available, read_cold, rss_anon, run
-from tests.models import write_header, write_sharded
+from tests.models import Tensors, write_by_hand, write_serialized, write_sharded
 from tests.servers import FaultProxy, Nginx
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,52 +39,6 @@ FLOATS = {"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3F
 FLOATS |= {"F16", "BF16", "F32", "F64"}
 INTEGERS = {"U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"}
 STATS_DTYPES = sorted(set(DTYPE_BITS) - {"C64"})
-# safetensors.serialize's names; F6 it cannot write (by hand instead), F4 is given in storage shape
-SERIALIZE = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "I16": "int16",
-    "U16": "uint16",
-    "I32": "int32",
-    "U32": "uint32",
-    "I64": "int64",
-    "U64": "uint64",
-    "F16": "float16",
-    "F32": "float32",
-    "F64": "float64",
-    "C64": "complex64",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F4": "float4_e2m1fn_x2",
-}
-Tensors = dict[str, tuple[str, list[int], bytes]]
-
-
-def serialize(path: Path, tensors: Tensors) -> None:
-    """Tensors as (dtype, shape, bytes) written by the real safetensors package."""
-    keep, specs = [], {}
-    for name, (dtype, shape, data) in tensors.items():
-        buffer = np.frombuffer(data, dtype=np.uint8).copy() if data else np.zeros(1, dtype=np.uint8)
-        keep.append(buffer)
-        storage = shape[:-1] + [shape[-1] // 2] if dtype == "F4" and shape else shape
-        specs[name] = safetensors.TensorSpec(
-            dtype=SERIALIZE[dtype], shape=storage, data_ptr=buffer.ctypes.data, data_len=len(data)
-        )
-    path.write_bytes(bytes(safetensors.serialize(specs)))
-
-
-def by_hand(path: Path, tensors: Tensors) -> None:
-    """F6 tensors, which safetensors cannot write: struct and json."""
-    header, data = {}, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    write_header(str(path), header, data)
 
 
 def values_of(dtype: str, data: bytes) -> np.ndarray:
@@ -136,8 +89,8 @@ def write_models(folder: Path) -> None:
         "special.tall": ("I32", [3000, 2], tall.tobytes()),
         "special.line": ("BF16", [5000], rng.standard_normal(5000).astype(ml_dtypes.bfloat16).tobytes()),
     }
-    serialize(folder / "packed.safetensors", tensors)
-    by_hand(
+    write_serialized(folder / "packed.safetensors", tensors)
+    write_by_hand(
         folder / "hand.safetensors",
         {
             "every.f6_e2m3": ("F6_E2M3", [48, 100], every_code("F6_E2M3", 4800, seed=7)),
@@ -388,6 +341,11 @@ def check_png(path: str, tensor: Tensor) -> np.ndarray:
     return pixels
 
 
+def pixels_of(path: str) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image)
+
+
 def has_png(tensor: Tensor) -> bool:
     return tensor.dtype in FLOATS | INTEGERS and math.prod(tensor.shape) > 0
 
@@ -430,11 +388,11 @@ def test_the_pixel_rule_by_hand(tmp_path: Path, mount: MountFn) -> None:
     source = tmp_path / "small.safetensors"
     values = np.array([[4.0, -4.0], [0.0, np.nan]], dtype=np.float32)
     halves = np.array([1.0, -2.0, 0.5, 2.0], dtype=np.float32)
-    serialize(source, {"a": ("F32", [2, 2], values.tobytes()), "b": ("F32", [4], halves.tobytes())})
+    write_serialized(source, {"a": ("F32", [2, 2], values.tobytes()), "b": ("F32", [4], halves.tobytes())})
     root = mount(str(source), options=["view=png"])
-    a = np.asarray(Image.open(os.path.join(root, "png", "a.png")))
+    a = pixels_of(os.path.join(root, "png", "a.png"))
     assert a.tolist() == [[[255, 0, 0], [0, 0, 255]], [[255, 255, 255], [0, 0, 0]]]
-    b = np.asarray(Image.open(os.path.join(root, "png", "b.png")))
+    b = pixels_of(os.path.join(root, "png", "b.png"))
     # m = 2: t = round(127.5) = 128 (half to even), round(255) = 255, round(63.75) = 64
     assert b.tolist() == [[[255, 127, 127], [0, 0, 255], [255, 191, 191], [255, 0, 0]]]
 
@@ -535,7 +493,7 @@ def test_cli_flags_a_sharded_set_and_the_flat_layout(tmp_path: Path, require_fus
                 png = mountpoint / "png" / f"{name}.png"
                 assert os.getxattr(png, "user.safetensors.file") == str(tmp_path / "set" / shard).encode()
                 values = array.astype(np.float64).reshape(array.shape[0], -1)
-                assert (np.asarray(Image.open(png)) == expected_pixels(values, array.shape)).all()
+                assert (pixels_of(str(png)) == expected_pixels(values, array.shape)).all()
     finally:
         if os.path.ismount(mountpoint):
             assert run([sys.executable, "-m", "stfs", "unmount", str(mountpoint)]).returncode == 0
@@ -624,7 +582,7 @@ def test_a_failed_summary_is_eio_and_is_tried_again(
 
 def test_a_source_changed_in_place_is_eio(tmp_path: Path, mount: MountFn) -> None:
     source = tmp_path / "m.safetensors"
-    serialize(source, {"w": ("F32", [64, 64], np.ones(4096, dtype=np.float32).tobytes())})
+    write_serialized(source, {"w": ("F32", [64, 64], np.ones(4096, dtype=np.float32).tobytes())})
     root = mount(str(source), options=["view=stats,view=png"])
     os.utime(source, ns=(1, 1))
     for name in ("stats/w.json", "png/w.png"):
@@ -638,9 +596,7 @@ def test_a_source_changed_in_place_is_eio(tmp_path: Path, mount: MountFn) -> Non
 def test_a_256_mib_tensor_keeps_the_daemon_small(tmp_path: Path, mount: MountFn) -> None:
     source = tmp_path / "large.safetensors"
     values = 128 << 20
-    raw = np.random.default_rng(9).standard_normal(values, dtype=np.float32).astype(ml_dtypes.bfloat16).tobytes()
-    serialize(source, {"w": ("BF16", [16384, 8192], raw)})
-    del raw
+    write_serialized(source, {"w": ("BF16", [16384, 8192], np.random.default_rng(9).bytes(2 * values))})
     root = mount(str(source), options=["view=stats,view=png"])
     pid = daemon_pid(root)
     assert pid is not None
@@ -667,7 +623,8 @@ def test_a_256_mib_tensor_keeps_the_daemon_small(tmp_path: Path, mount: MountFn)
         watcher.join()
     peak[0] = max(peak[0], rss_anon(pid))
     assert peak[0] - before <= (64 << 20) + sizes["png/w.png"], (before, peak[0])
-    assert Image.open(os.path.join(root, "png", "w.png")).size == (1024, 1024)
+    with Image.open(os.path.join(root, "png", "w.png")) as image:
+        assert image.size == (1024, 1024)
 
 
 # -- plain functions: the sizes promised and the cache -------------------------------------------------------------
