@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,8 +78,8 @@ def one_run(source: str, mountpoint: str) -> dict[str, float]:
         with mounted(source, mountpoint, ["view=stats,view=png"], stats=False) as mount:
             path = os.path.join(mountpoint, name)
             before = peak_rss_while(mount.pid, lambda: 0.0)[1]
-            work = (lambda: dd_seconds(path)) if what == "dd" else (lambda: first_byte_seconds(path))
-            seconds, peak = peak_rss_while(mount.pid, work)
+            measure = dd_seconds if what == "dd" else first_byte_seconds
+            seconds, peak = peak_rss_while(mount.pid, partial(measure, path))
             found[what] = seconds
             found[f"{what}_rss_growth_mib"] = (peak - before) / MIB
     return found
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("  per MB of tensor, in process:")
     for key, value in parts.items():
-        print(f"    {key:24s} {value * 1e3:.3f} ms" if key.endswith("_s_per_mb") else f"    {key:24s} {value}")
+        shown = f"{value * 1e3:.3f} ms" if key.endswith("_s") or key.endswith("_s_per_mb") else f"{value:,}"
+        print(f"    {key:26s} {shown}")
     print(f"  uptime: {uptime.strip()}")
     if args.out:
         with open(args.out, "w") as stream:
