@@ -72,7 +72,8 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 
 def heatmap_file(tensor: TensorBytes, size: int) -> bytes:
     """The ``png/`` file of ``tensor`` (``size``: what ``png_size`` promised; checked by the caller)."""
-    sums, finite, abs_max = pixel_sums(tensor)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sums, finite, abs_max = pixel_sums(tensor)
     if not np.isfinite(sums[finite > 0]).all():  # float64 overflowed (F64 values past 1e300): sum scaled instead
         sums, finite, abs_max = pixel_sums(tensor, scale=math.ldexp(1.0, -math.frexp(abs_max)[1]))
     return encode(colours(sums, finite, abs_max))

@@ -82,7 +82,7 @@ def _by_codes(tensor: TensorBytes) -> Document:
     mean = math.fsum(values * counts) / total  # each product exact: at most 16 significant bits times a count
     std = math.sqrt(math.fsum(counts * (values - mean) ** 2) / total)
     low, high = float(values.min()), float(values.max())
-    bins = np.histogram(values, bins=BINS, range=(low, high), weights=counts)[0] if low < high else counts
+    bins = _binned(values, low, high, counts) if low < high else counts
     return found | _numbers(low, high, mean, std, bins)
 
 
@@ -120,7 +120,7 @@ def _by_passes(tensor: TensorBytes) -> Document:
         if not len(x):
             continue
         if low < high:
-            bins += np.histogram(x, bins=BINS, range=(low, high))[0]
+            bins += _binned(x, low, high)
         if scale != 1.0:
             x = x * scale
         part = float(x.mean())
@@ -141,13 +141,27 @@ def _counts(count: int, finite: int, nan: int, posinf: int, zeros: int) -> Docum
     return {"count": count, "finite": finite, "nan": nan, "posinf": posinf, "neginf": neginf, "zeros": zeros}
 
 
+def _binned(values: np.ndarray, low: float, high: float, weights: np.ndarray | None = None) -> np.ndarray:
+    """``numpy.histogram``'s 64 counts from ``low`` to ``high`` (of values halved, exactly, where ``high - low``
+    overflows float64: NumPy cannot bin that range itself)."""
+    if _halved(low, high):
+        values, low, high = values * 0.5, low * 0.5, high * 0.5
+    return np.histogram(values, bins=BINS, range=(low, high), weights=weights)[0].astype(np.int64)
+
+
+def _halved(low: float, high: float) -> bool:
+    return not math.isfinite(high - low)
+
+
 def _numbers(low: float, high: float, mean: float, std: float, bins: np.ndarray) -> Document:
     """The numbers over the finite values; ``bins``: the 64 counts (``numpy.histogram``'s edges from ``low`` to
     ``high``), or one when ``low == high``, holding them all."""
     if low == high:
         histogram = {"edges": [low, high], "counts": [int(bins.sum())]}
     else:
-        histogram = {"edges": np.linspace(low, high, BINS + 1).tolist(), "counts": [int(n) for n in bins]}
+        scale = 2.0 if _halved(low, high) else 1.0
+        edges = np.linspace(low / scale, high / scale, BINS + 1) * scale
+        histogram = {"edges": edges.tolist(), "counts": [int(n) for n in bins]}
     return {"min": low, "max": high, "mean": mean, "std": std, "abs_max": max(-low, high), "histogram": histogram}
 
 

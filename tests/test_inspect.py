@@ -84,6 +84,8 @@ def write_models(folder: Path) -> None:
         "special.normal_f32": ("F32", [300, 7], rng.standard_normal(2100).astype(np.float32).tobytes()),
         "special.huge_f64": ("F64", [50], (rng.standard_normal(50) * 1e305).tobytes()),
         "special.tiny_f64": ("F64", [50], (rng.standard_normal(50) * 1e-305).tobytes()),
+        "special.extreme_f64": ("F64", [2, 3], np.array([-1.7e308, 1.7e308, 0, 1, 1e308, np.nan]).tobytes()),
+        "special.overflow_f64": ("F64", [1, 2048], np.full(2048, -1.5e308).tobytes()),
         "special.cube": ("F16", [5, 7, 300], rng.standard_normal(10500).astype(np.float16).tobytes()),
         "special.wide": ("F32", [1100, 1300], wide.tobytes()),
         "special.tall": ("I32", [3000, 2], tall.tobytes()),
@@ -187,9 +189,12 @@ def expected_stats(tensor: Tensor) -> dict[str, object]:
     low, high = float(finite.min()), float(finite.max())
     if low == high:
         histogram = {"edges": [low, high], "counts": [len(finite)]}
-    else:
+    elif math.isfinite(high - low):
         counts, edges = np.histogram(finite, bins=64)
         histogram = {"edges": edges.tolist(), "counts": counts.tolist()}
+    else:  # NumPy cannot make bins of a range past float64's: those of the values halved, edges doubled
+        counts, edges = np.histogram(finite / 2, bins=64)
+        histogram = {"edges": (edges * 2).tolist(), "counts": counts.tolist()}
     abs_max = float(np.abs(finite).max())
     scale = abs_max or 1.0  # NumPy's own sum of 1e305s would overflow
     return found | {
@@ -244,6 +249,8 @@ def test_stats_of_every_dtype_are_numpys(inspected: Mounted, dtype: str) -> None
         "special.normal_f32",
         "special.huge_f64",
         "special.tiny_f64",
+        "special.extreme_f64",
+        "special.overflow_f64",
         "special.wide",
         "special.tall",
     ],
@@ -313,11 +320,13 @@ def expected_pixels(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     row_pixel = np.searchsorted(np.arange(height + 1) * rows // height, np.arange(rows), side="right") - 1
     column_pixel = np.searchsorted(np.arange(width + 1) * columns // width, np.arange(columns), side="right") - 1
     finite = np.isfinite(grid)
+    m = float(np.abs(grid[finite]).max()) if finite.any() else 0.0
+    if m > 1e300:  # sums past float64's range: those of the values over m, against 1
+        grid, m = grid / m, 1.0
     i, j = np.broadcast_arrays(row_pixel[:, None], column_pixel[None, :])
     sums, counts = np.zeros((height, width)), np.zeros((height, width))
     np.add.at(sums, (i[finite], j[finite]), grid[finite])
     np.add.at(counts, (i[finite], j[finite]), 1)
-    m = float(np.abs(grid[finite]).max()) if finite.any() else 0.0
     means = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
     t = np.rint(np.abs(means) / m * 255).astype(np.uint8) if m > 0 else np.zeros(means.shape, np.uint8)
     rgb = np.full((height, width, 3), 255, dtype=np.uint8)
@@ -370,6 +379,8 @@ def test_the_pixel_rule_on_crafted_tensors(inspected: Mounted) -> None:
     assert scalar.shape == (1, 1, 3) and scalar[0, 0].tolist() == [0, 0, 255]  # the one value is -m: full blue
     line = check_png(inspected.named("special.line").path(inspected.root, "png"), inspected.named("special.line"))
     assert line.shape == (1, 1024, 3)  # 1-D: one row
+    overflow = inspected.named("special.overflow_f64")
+    assert (check_png(overflow.path(inspected.root, "png"), overflow) == [0, 0, 255]).all()  # sums past 1e308
     cube = check_png(inspected.named("special.cube").path(inspected.root, "png"), inspected.named("special.cube"))
     assert cube.shape == (5, 1024, 3)  # 5 rows of 7 x 300 columns
 
