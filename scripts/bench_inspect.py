@@ -4,8 +4,9 @@
     python3 scripts/bench_inspect.py [--data DIR] [--runs 5] [--size-mib 256] [--out FILE.json]
 
 A BF16 tensor of --size-mib (shape 16384 x 8192 at 256 MiB: a 1024 x 1024 heatmap of 16 x 8 values a pixel),
-normal values, in --data (default /tmp/stfs-bench-inspect). The source is read once first (page cache warm).
-Each run, alternating, on a fresh mount each (nothing cached in the daemon or the mount's page cache):
+normal values, in --data (default /tmp/stfs-bench-inspect). Each run, in turn, each on a fresh mount (nothing
+cached in the daemon or the mount's page cache) with the source read just before (its page cache warm: a
+mount drops the source's pages it has read, so the one before would leave it cold):
 
   dd       dd bs=1M of tensors/w: the seconds dd reports
   stats    open stats/w.json and read its first byte: the seconds (the whole tensor is read and summed)
@@ -16,7 +17,8 @@ and, in-process (no mount), what each costs per MB of tensor: NumPy's part (stat
 png: the pixel sums) and the PNG encoders (the standard library's zlib at level 0, and Pillow's at
 compress_level=0 when Pillow is installed) for the finished 1024 x 1024 image.
 
-Prints medians and the ratios stats/dd (target <= 3) and png/dd (target <= 4), with uptime; --out writes JSON.
+Prints medians, and the medians of each run's ratios stats/dd (target <= 3) and png/dd (target <= 4), with
+uptime; --out writes JSON.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def first_byte_seconds(path: str) -> float:
 def one_run(source: str, mountpoint: str) -> dict[str, float]:
     found: dict[str, float] = {}
     for what, name in (("dd", "tensors/w"), ("stats", "stats/w.json"), ("png", "png/w.png")):
+        warm(source)
         with mounted(source, mountpoint, ["view=stats,view=png"], stats=False) as mount:
             path = os.path.join(mountpoint, name)
             before = peak_rss_while(mount.pid, lambda: 0.0)[1]
@@ -153,14 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.data, exist_ok=True)
     source = os.path.join(args.data, f"bf16-{args.size_mib}m.safetensors")
     rows, columns = write_tensor(source, args.size_mib)
-    warm(source)
     mountpoint = os.path.join(args.data, "mnt")
     runs = []
     for index in range(args.runs):
         runs.append(one_run(source, mountpoint))
-        log(f"run {index + 1}: " + ", ".join(f"{key} {value:.3f}" for key, value in runs[-1].items()))
+        run = runs[-1]
+        shown = ", ".join(f"{key} {value:.3f}" for key, value in run.items())
+        log(f"run {index + 1}: {shown}; stats/dd {run['stats'] / run['dd']:.2f}, png/dd {run['png'] / run['dd']:.2f}")
     medians = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-    ratios = {"stats_vs_dd": medians["stats"] / medians["dd"], "png_vs_dd": medians["png"] / medians["dd"]}
+    ratios = {f"{what}_vs_dd": statistics.median(run[what] / run["dd"] for run in runs) for what in ("stats", "png")}
+    warm(source)
     parts = in_process(source, args.size_mib)
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False, env=environment()).stdout
     results: dict[str, Any] = {
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = ratios[f"{what}_vs_dd"]
         verdict = "ok" if ratio <= target else "MISSED"
         print(
-            f"  first byte of {what:5s}   {medians[what]:.3f} s  = {ratio:.2f} x dd (target <= {target:g}: {verdict})"
+            f"  first byte of {what:5s}   {medians[what]:.3f} s, {ratio:.2f} x dd (target <= {target:g}: {verdict})"
             f"   RssAnon +{medians[f'{what}_rss_growth_mib']:.1f} MiB"
         )
     print("  per MB of tensor, in process:")
