@@ -711,3 +711,11 @@ def test_the_cache_makes_each_file_once_and_forgets_failures() -> None:
         finished.bytes_of(segment, make, read)
     finished.bytes_of(big[0], make, read)  # evicted by the second: 120 bytes do not fit in 100
     assert len(calls) == 5
+
+
+def test_every_view_name_is_a_choice_of_view_and_o_view() -> None:
+    from stfs.options import VIEWS, sort_options
+    from stfs.views import CHOSEN
+
+    assert set(VIEWS) == set(CHOSEN)
+    assert sort_options(["view=stats,view=png", "view=npy"]).settings == {"views": ["stats", "png", "npy"]}
