@@ -90,6 +90,8 @@ class Finished:
                 if self._worker is None:
                     self._worker = ThreadPoolExecutor(1, thread_name_prefix="stfs-summary")
                 running = self._running[segment] = self._worker.submit(self._make, segment, make, read_source)
+        # The caller waits: with one serving thread (a local mount's default, whose LocalFiles then takes no
+        # lock) the source is still read by one thread at a time.
         return running.result()
 
     def _make(self, segment: Summary, make: Make, read_source: ReadInto) -> bytes:

@@ -72,6 +72,8 @@ def write_models(folder: Path) -> None:
     wide[rng.integers(0, 1100, 500), rng.integers(0, 1300, 500)] = np.nan
     wide[:3, :] = np.nan  # whole pixels with nothing finite: black
     tall = rng.integers(-1000, 1000, (3000, 2), dtype=np.int32)
+    long = rng.standard_normal(2_400_002).astype(np.float16)
+    long[rng.integers(0, len(long), 100)] = np.inf
     tensors |= {
         "special.empty": ("F32", [0, 3], b""),
         "special.empty_bf16": ("BF16", [4, 0], b""),
@@ -90,6 +92,7 @@ def write_models(folder: Path) -> None:
         "special.wide": ("F32", [1100, 1300], wide.tobytes()),
         "special.tall": ("I32", [3000, 2], tall.tobytes()),
         "special.line": ("BF16", [5000], rng.standard_normal(5000).astype(ml_dtypes.bfloat16).tobytes()),
+        "special.long": ("F16", [1_200_001 * 2], long.tobytes()),  # one row over several chunks
     }
     write_serialized(folder / "packed.safetensors", tensors)
     write_by_hand(
@@ -253,6 +256,7 @@ def test_stats_of_every_dtype_are_numpys(inspected: Mounted, dtype: str) -> None
         "special.overflow_f64",
         "special.wide",
         "special.tall",
+        "special.long",
     ],
 )
 def test_stats_of_special_tensors(inspected: Mounted, name: str) -> None:
@@ -377,6 +381,8 @@ def test_the_pixel_rule_on_crafted_tensors(inspected: Mounted) -> None:
     assert (nan == 0).all()  # nothing finite: black
     scalar = check_png(inspected.named("special.scalar").path(inspected.root, "png"), inspected.named("special.scalar"))
     assert scalar.shape == (1, 1, 3) and scalar[0, 0].tolist() == [0, 0, 255]  # the one value is -m: full blue
+    long = inspected.named("special.long")
+    assert check_png(long.path(inspected.root, "png"), long).shape == (1, 1024, 3)
     line = check_png(inspected.named("special.line").path(inspected.root, "png"), inspected.named("special.line"))
     assert line.shape == (1, 1024, 3)  # 1-D: one row
     overflow = inspected.named("special.overflow_f64")
