@@ -10,7 +10,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from stfs.heatmap import png_size
 from stfs.summary import Finished, TensorBytes
 from stfs.tensor_stats import render, stats_size
 from tests.decoding import every_code, reference
-from tests.helpers import IN_CI, MountFn, fuse_available, read_cold, rss_anon, run
+from tests.helpers import MountFn, dd_whole, need_fuse, peak_rss_anon_while, read_cold, rss_anon, run
 from tests.models import Tensors, write_by_hand, write_serialized, write_sharded
 from tests.servers import FaultProxy, Nginx
 
@@ -160,10 +159,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def inspected(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted]:
     """Both models mounted once with ``-o view=stats,view=png``."""
-    if not fuse_available():
-        if IN_CI:
-            pytest.fail("/dev/fuse or fusermount3 is missing in CI")
-        pytest.skip("FUSE is not available here")
+    need_fuse()
     tensors = [t for name in ("packed", "hand") for t in catalog(models / f"{name}.safetensors", name)]
     assert {tensor.dtype for tensor in tensors} == set(DTYPE_BITS)
     with mounted(str(models), str(tmp_path_factory.mktemp("mnt")), options=["view=stats,view=png"]) as root:
@@ -618,28 +614,9 @@ def test_a_256_mib_tensor_keeps_the_daemon_small(tmp_path: Path, mount: MountFn)
     pid = daemon_pid(root)
     assert pid is not None
     before = rss_anon(pid)
-    peak = [before]
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.005):
-            peak[0] = max(peak[0], rss_anon(pid))
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        sizes = {}
-        for name in ("stats/w.json", "png/w.png"):
-            path = os.path.join(root, name)
-            dd = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], capture_output=True, timeout=240)
-            assert dd.returncode == 0, dd.stderr
-            sizes[name] = os.path.getsize(path)
-            assert f"{sizes[name]} bytes".encode() in dd.stderr
-    finally:
-        done.set()
-        watcher.join()
-    peak[0] = max(peak[0], rss_anon(pid))
-    assert peak[0] - before <= (64 << 20) + sizes["png/w.png"], (before, peak[0])
+    paths = [os.path.join(root, "stats", "w.json"), os.path.join(root, "png", "w.png")]
+    peak = peak_rss_anon_while(pid, lambda: [dd_whole(path) for path in paths])
+    assert peak - before <= (64 << 20) + os.path.getsize(paths[1]), (before, peak)
     with Image.open(os.path.join(root, "png", "w.png")) as image:
         assert image.size == (1024, 1024)
 

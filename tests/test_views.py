@@ -9,7 +9,6 @@ import math
 import os
 import random
 import struct
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from stfs.daemon import daemon_pid, mounted
 from stfs.decode import NATIVE
 from stfs.format import DTYPE_BITS
 from tests.decoding import every_code, parse_npy_header, reference
-from tests.helpers import IN_CI, MountFn, fuse_available, rss_anon, run
+from tests.helpers import MountFn, dd_whole, need_fuse, peak_rss_anon_while, rss_anon, run
 from tests.models import rich_arrays, sharded_arrays, write_by_hand, write_numpy, write_serialized, write_sharded
 
 ALL_DTYPES = sorted(DTYPE_BITS)
@@ -138,10 +137,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def views(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted]:
     """The three models mounted once with both views (``-o view=npy,view=f32``)."""
-    if not fuse_available():
-        if IN_CI:
-            pytest.fail("/dev/fuse or fusermount3 is missing in CI")
-        pytest.skip("FUSE is not available here")
+    need_fuse()
     tensors = [t for name in ("native", "packed", "hand") for t in catalog(str(models / f"{name}.safetensors"), name)]
     assert {tensor.dtype for tensor in tensors} == set(DTYPE_BITS)
     with mounted(str(models), str(tmp_path_factory.mktemp("mnt")), options=["view=npy,view=f32"]) as root:
@@ -418,22 +414,6 @@ def test_decoding_a_large_tensor_keeps_the_daemon_small(tmp_path: Path, mount: M
     pid = daemon_pid(root)
     assert pid is not None
     before = rss_anon(pid)
-    peak = [before]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            peak[0] = max(peak[0], rss_anon(pid))
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
-        for path in (os.path.join(root, "f32", "w"), os.path.join(root, "npy", "w.npy")):
-            dd = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], capture_output=True, timeout=240)
-            assert dd.returncode == 0, dd.stderr
-            assert str(os.path.getsize(path)).encode() in dd.stderr  # every byte copied
-    finally:
-        done.set()
-        sampler.join()
-    peak[0] = max(peak[0], rss_anon(pid))
-    assert peak[0] - before <= 64 << 20, (before, peak[0])
+    paths = [os.path.join(root, "f32", "w"), os.path.join(root, "npy", "w.npy")]
+    peak = peak_rss_anon_while(pid, lambda: [dd_whole(path) for path in paths])
+    assert peak - before <= 64 << 20, (before, peak)
