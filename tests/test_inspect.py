@@ -195,12 +195,15 @@ def expected_stats(tensor: Tensor) -> dict[str, object]:
         counts, edges = np.histogram(finite / 2, bins=64)
         histogram = {"edges": (edges * 2).tolist(), "counts": counts.tolist()}
     abs_max = float(np.abs(finite).max())
-    scale = abs_max or 1.0  # NumPy's own sum of 1e305s would overflow
+    if abs_max == 0 or 2.0**-400 <= abs_max <= 2.0**400:
+        mean, std = float(np.mean(finite)), float(np.std(finite))
+    else:  # NumPy's own sums of squares of 1e305s overflow, of 1e-305s underflow: NumPy's on the values scaled
+        mean, std = float(np.mean(finite / abs_max)) * abs_max, float(np.std(finite / abs_max)) * abs_max
     return found | {
         "min": low,
         "max": high,
-        "mean": float(np.mean(finite / scale)) * scale,
-        "std": float(np.std(finite / scale)) * scale,
+        "mean": mean,
+        "std": std,
         "abs_max": abs_max,
         "histogram": histogram,
     }
