@@ -393,6 +393,8 @@ class StfsFUSE(mfusepy.FUSE):
                         break
                     buffers.append((length, FUSE_BUF_IS_FD, 0, pipe.read_fd))
                     lent += -(-length // PAGE) * PAGE
+                elif type(segment) is not bytes:  # a Summary, made on its first read: copied by fill
+                    break
                 else:
                     memory = _malloc(length)
                     ctypes.memmove(memory, segment[start : start + length], length)

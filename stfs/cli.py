@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from . import __version__, errors
 from .model import discover, load
-from .options import OptionError, positive_int, seconds, size_bytes, sort_options
+from .options import VIEWS, OptionError, positive_int, seconds, size_bytes, sort_options
 from .sources import open_source
 from .sources.base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, is_url
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OPT,...",
         type=_checked_options,
         help="mount options: FUSE's (e.g. allow_other) and stfs's own as NAME=VALUE "
-        "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache, view=npy, view=f32)",
+        "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache, view=NAME)",
     )
     mount.add_argument(
         "--layout",
@@ -61,9 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--view",
         dest="views",
         action="append",
-        choices=("npy", "f32"),
+        choices=VIEWS,
         default=[],
-        help="add npy/ (each tensor a .npy file) or f32/ (float tensors as float32); may be repeated",
+        help="add npy/ (each tensor a .npy file), f32/ (float tensors as float32), stats/ (each tensor's "
+        "statistics as JSON) or png/ (a heatmap of each tensor); may be repeated",
     )
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
     mount.add_argument(

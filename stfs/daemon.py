@@ -72,7 +72,7 @@ def plan_mount(
 ) -> MountPlan:
     """Validate the models ``key`` names in ``source``, and MOUNTPOINT, and build the tree; raise ``StfsError``
     on any problem. ``threads`` serves with libfuse's thread pool instead of one thread; ``views`` names the
-    views (``npy``, ``f32``) added to every model."""
+    views (``npy``, ``f32``, ``stats``, ``png``) added to every model."""
     mountpoint = os.path.abspath(mountpoint)
     check_mountpoint(mountpoint)
     # Millions of objects and no garbage cycles: the cyclic GC would walk them all again and again

@@ -1,4 +1,5 @@
-"""Decoding tensor bytes to float32, and ``.npy`` headers: what the ``npy/`` and ``f32/`` views are made of.
+"""Decoding tensor bytes to float32, and ``.npy`` headers: what the ``npy/`` and ``f32/`` views are made of;
+and to float64 values or per-value codes, what ``stats/`` and ``png/`` are computed from.
 
 Every float dtype of safetensors 0.8 decodes through ``ml_dtypes``'s own conversions: the 8-, 6- and
 4-bit ones by a table of every code's float32 value (built once with ``astype``), BF16, F16 and F64 by
@@ -17,10 +18,13 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
+
+from .format import DTYPE_BITS
 
 F32 = np.dtype("<f4")
 
@@ -113,16 +117,21 @@ def _nibbles(dtype: str) -> Callable[[memoryview, memoryview], None]:
     return decode
 
 
+def _sextet_codes(source: memoryview) -> np.ndarray:
+    """The 6-bit codes of whole 3-byte groups, four a group: value k is bits 6k..6k+5 of the little-endian 24 bits."""
+    triples = np.frombuffer(source, dtype=np.uint8).reshape(-1, 3).astype(np.uint32)
+    group = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
+    codes = np.empty((len(group), 4), dtype=np.uint8)
+    for k in range(4):
+        codes[:, k] = (group >> (6 * k)) & 0x3F
+    return codes
+
+
 def _sextets(dtype: str) -> Callable[[memoryview, memoryview], None]:
     values = table(dtype)
 
     def decode(source: memoryview, out: memoryview) -> None:
-        triples = np.frombuffer(source, dtype=np.uint8).reshape(-1, 3).astype(np.uint32)
-        group = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)  # little-endian 24 bits
-        codes = np.empty((len(group), 4), dtype=np.uint8)
-        for k in range(4):
-            codes[:, k] = (group >> (6 * k)) & 0x3F
-        np.take(values, codes, out=_floats(out).reshape(-1, 4), mode="clip")
+        np.take(values, _sextet_codes(source), out=_floats(out).reshape(-1, 4), mode="clip")
 
     return decode
 
@@ -156,3 +165,50 @@ def npy_header(descr: np.dtype, shape: tuple[int, ...]) -> bytes:
         stream = io.BytesIO()
         npy_format.write_array_header_2_0(stream, header)
     return stream.getvalue()
+
+
+# -- float64 values and codes, for stats/ and png/ ---------------------------------------------------------------
+
+# Dtypes of at most 16 bits: a tensor's values are counted by code (np.bincount), one pass for every statistic.
+_CODE_DTYPES: dict[str, np.dtype | type] = {
+    **{dtype: NATIVE[dtype] for dtype in ("BOOL", "U8", "I8", "I16", "U16", "F16")},
+    "BF16": ml_dtypes.bfloat16,
+    **{dtype: code for dtype, code in _CODES.items() if dtype not in _CODE_BITS},
+}
+CODED = frozenset(_CODE_DTYPES) | frozenset(_CODE_BITS)
+
+
+@cache
+def code_values(dtype: str) -> np.ndarray:
+    """The float64 value of every code of a ``CODED`` dtype (a BOOL byte other than 0 is True, as in NumPy)."""
+    if dtype in _CODE_BITS:
+        return table(dtype).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.arange(1 << DTYPE_BITS[dtype], dtype=_unsigned(dtype)).view(_CODE_DTYPES[dtype]).astype(np.float64)
+
+
+def _unsigned(dtype: str) -> np.dtype:
+    return np.dtype("u1") if DTYPE_BITS[dtype] == 8 else np.dtype("<u2")
+
+
+def codes(dtype: str, source: memoryview) -> np.ndarray:
+    """The code of each value in ``source`` (whole groups of a ``CODED`` dtype), in C order."""
+    if dtype == "F4":
+        pairs = np.frombuffer(source, dtype=np.uint8)
+        found = np.empty(2 * len(pairs), dtype=np.uint8)
+        np.bitwise_and(pairs, 0xF, out=found[0::2])  # the low nibble first
+        np.right_shift(pairs, 4, out=found[1::2])
+        return found
+    if dtype in _CODE_BITS:
+        return _sextet_codes(source).reshape(-1)
+    return np.frombuffer(source, dtype=_unsigned(dtype))
+
+
+def to_float64(dtype: str, source: memoryview, out: np.ndarray) -> np.ndarray:
+    """The values of ``source`` (whole groups of ``dtype``, not C64) as float64, written into the start of ``out``."""
+    if dtype in _CODE_BITS:
+        found = codes(dtype, source)
+        return np.take(code_values(dtype), found, out=out[: len(found)], mode="clip")
+    values = np.frombuffer(source, dtype=NATIVE.get(dtype) or _CODE_DTYPES[dtype])
+    np.copyto(out[: len(values)], values, casting="unsafe")  # exact: every dtype but C64 fits in float64 ...
+    return out[: len(values)]  # ... except 64-bit integers past 2**53, rounded to nearest as NumPy's astype does

@@ -1,10 +1,11 @@
 """Nodes of the mounted tree. A file is one thing: an ordered tuple of segments.
 
 A segment is bytes held in memory (``header.json`` of a sharded set, a metadata value, a ``.npy``
-header), a ``Range`` of a source file (a tensor, a shard's ``header.json``, a whole source file), or
-a ``Decoded`` range (a tensor's values as float32, for ``f32/`` and ``npy/``). Every file is read by
-one function, ``read_into``; the FUSE layer splices the ``Range`` pieces of a read (``pieces``) where
-its source can, and puts the others in memory.
+header), a ``Range`` of a source file (a tensor, a shard's ``header.json``, a whole source file),
+a ``Decoded`` range (a tensor's values as float32, for ``f32/`` and ``npy/``), or a ``Summary`` (a file
+made from a whole tensor on its first read, for ``stats/`` and ``png/``). Every file is read by one
+function, ``read_into``; the FUSE layer splices the ``Range`` pieces of a read (``pieces``) where its
+source can, and puts the others in memory.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .format import TensorEntry
 
 if TYPE_CHECKING:
     from .decode import Codec
+    from .summary import Finished, Make
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
@@ -97,7 +99,33 @@ def _source_buffer(size: int) -> memoryview:
     return memoryview(buffer)[:size]
 
 
-Segment = bytes | Range | Decoded
+class Summary:
+    """``size`` bytes made by ``make`` from the whole tensor ``tensor`` (in the source file ``key`` from
+    ``offset``) on the first read: a ``stats/`` or ``png/`` file, whose size is known from the header alone.
+
+    ``finished`` (a ``summary.Finished``) makes each once, one at a time, and keeps the finished bytes.
+    """
+
+    __slots__ = ("key", "offset", "size", "tensor", "make", "finished")
+
+    def __init__(self, key: str, offset: int, size: int, tensor: TensorEntry, make: Make, finished: Finished) -> None:
+        self.key = key
+        self.offset = offset
+        self.size = size
+        self.tensor = tensor
+        self.make = make
+        self.finished = finished
+
+    def __repr__(self) -> str:
+        return f"Summary({self.key!r}, {self.offset}, {self.size}, {self.make.__name__})"
+
+    def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
+        """Fill all of ``view`` with the file's bytes from ``start`` (within ``size``), making the file first if
+        need be; raises what making it raised (``OSError`` of the source, ...)."""
+        view[:] = self.finished.bytes_of(self, self.make, read_source)[start : start + len(view)]
+
+
+Segment = bytes | Range | Decoded | Summary
 Segments = tuple[Segment, ...]
 ReadInto = Callable[[str, int, memoryview, tuple[int, int]], int]  # a ByteSource's read_into(key, offset, buffer, span)
 
@@ -201,7 +229,7 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
             got = read_source(segment.key, segment.offset + start, view[done : done + length], span)
             if got != length:
                 raise OSError(f"{segment.key}: short read at byte {segment.offset + start}")
-        elif type(segment) is Decoded:
+        elif type(segment) is Decoded or type(segment) is Summary:
             segment.read_into(start, view[done : done + length], read_source)
         else:
             view[done : done + length] = segment[start : start + length]  # type: ignore[index]
@@ -215,7 +243,7 @@ def tensor_xattrs(node: FileNode) -> dict[str, bytes]:
     source = next((segment for segment in node.segments if type(segment) is not bytes), None)
     if tensor is None or source is None:
         return {}
-    assert isinstance(source, (Range, Decoded))  # a decoded file names the source bytes it decodes
+    assert isinstance(source, (Range, Decoded, Summary))  # a view's file names the source bytes it is made of
     xattrs = {
         "user.safetensors.name": tensor.name.encode("utf-8", "surrogatepass"),
         "user.safetensors.dtype": tensor.dtype.encode(),

@@ -74,6 +74,8 @@ class Setting:
     repeat: bool = False  # may be given again, each value added to a list (`view=npy,view=f32`)
 
 
+VIEWS = ("npy", "f32", "stats", "png")  # --view NAME: what each adds is views.CHOSEN[NAME]
+
 # One line per setting; `-o NAME=VALUE` then sets what `--NAME VALUE` sets.
 SETTINGS: dict[str, Setting] = {
     "layout": Setting("layout", choice("nested", "flat")),
@@ -84,7 +86,7 @@ SETTINGS: dict[str, Setting] = {
     "cache_size": Setting("cache_size", size_bytes),
     "cache_dir": Setting("cache_dir", text),
     "timeout": Setting("timeout", seconds),
-    "view": Setting("views", choice("npy", "f32"), repeat=True),
+    "view": Setting("views", choice(*VIEWS), repeat=True),
 }
 
 # What mount(8) and mount.fuse3 put in the list for any filesystem. stfs files are 0444 and never change, so none

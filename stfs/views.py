@@ -5,7 +5,8 @@ Each view adds the files of one model below the model's folder ``base``:
 * ``header_files``: ``header.json`` and ``metadata/``;
 * ``tensor_files``: ``tensors/``, one file per tensor, a ``Range`` of its source;
 * ``shard_files``: a sharded set's ``index.json`` and ``shards/NAME/``;
-* chosen with ``--view``: ``npy_files`` (``npy/``) and ``f32_files`` (``f32/``), listed in ``CHOSEN``.
+* chosen with ``--view``: ``npy_files`` (``npy/``), ``f32_files`` (``f32/``), ``stats_files`` (``stats/``) and
+  ``png_files`` (``png/``), listed in ``CHOSEN``.
 
 and once per mount ``source_files``: ``files/``, the source's own files byte for byte.
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 from .errors import TreeError
 from .format import DTYPE_BITS, TensorEntry
 from .model import Model, SourceFile
-from .nodes import Decoded, FileNode, Range, Segment
+from .nodes import Decoded, FileNode, Range, Segment, Summary
 from .tree import Tree, escape_component
 
 if TYPE_CHECKING:
@@ -137,6 +138,36 @@ def f32_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
     tree.add_named_files(tree.folder([*base, "f32"], model.mtime_ns), layout, files())
 
 
+def stats_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
+    """``stats/``: each tensor's counts, extremes, moments and histogram as ``PATH.json`` (not C64's), made on the
+    first read; the size is known from the header."""
+    from .summary import FINISHED
+    from .tensor_stats import stats_file, stats_size
+
+    def files() -> Iterator[FileNode]:
+        for key, start, mtime, entry in _tensors(model):
+            if entry.dtype != "C64":
+                summary = Summary(key, start + entry.begin, stats_size(entry), entry, stats_file, FINISHED)
+                yield tree.new_file(mtime, (summary,), entry, "stats")
+
+    tree.add_named_files(tree.folder([*base, "stats"], model.mtime_ns), layout, files(), suffix=".json")
+
+
+def png_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
+    """``png/``: each float or integer tensor with an element as a heatmap ``PATH.png``, made on the first read;
+    the size follows from the shape."""
+    from .heatmap import has_heatmap, heatmap_file, png_size
+    from .summary import FINISHED
+
+    def files() -> Iterator[FileNode]:
+        for key, start, mtime, entry in _tensors(model):
+            if has_heatmap(entry):
+                summary = Summary(key, start + entry.begin, png_size(entry.shape), entry, heatmap_file, FINISHED)
+                yield tree.new_file(mtime, (summary,), entry, "png")
+
+    tree.add_named_files(tree.folder([*base, "png"], model.mtime_ns), layout, files(), suffix=".png")
+
+
 def _tensors(model: Model) -> Iterator[tuple[str, int, int, TensorEntry]]:
     """Every tensor of ``model``: (source key, its data start, its mtime, the entry)."""
     for shard in model.shards:
@@ -151,7 +182,7 @@ def _decoded(source: Range, codec: Codec, entry: TensorEntry) -> Decoded:
 
 
 VIEWS: tuple[View, ...] = (header_files, tensor_files, shard_files)
-CHOSEN: dict[str, View] = {"npy": npy_files, "f32": f32_files}  # --view NAME
+CHOSEN: dict[str, View] = {"npy": npy_files, "f32": f32_files, "stats": stats_files, "png": png_files}  # --view
 
 
 def with_chosen(names: Iterable[str]) -> tuple[View, ...]:

@@ -12,17 +12,14 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from stfs.daemon import mounted
-from tests.helpers import IN_CI, MountFn, fuse_available
+from tests.helpers import IN_CI, MountFn, need_fuse
 from tests.servers import S3, S3_ENV, FakeHub, FaultProxy, MotoServer, Nginx, TlsFiles, find_tool, make_tls
 
 
 @pytest.fixture
 def require_fuse() -> None:
     """Mount tests skip without /dev/fuse locally, but fail in CI."""
-    if not fuse_available():
-        if IN_CI:
-            pytest.fail("/dev/fuse or fusermount3 is missing in CI")
-        pytest.skip("FUSE is not available here")
+    need_fuse()
 
 
 @pytest.fixture

@@ -6,7 +6,10 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable
+
+import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -15,6 +18,14 @@ MountFn = Callable[..., str]
 
 def fuse_available() -> bool:
     return os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
+
+
+def need_fuse() -> None:
+    """Mount tests skip without /dev/fuse locally, but fail in CI (the ``require_fuse`` fixture, for any scope)."""
+    if not fuse_available():
+        if IN_CI:
+            pytest.fail("/dev/fuse or fusermount3 is missing in CI")
+        pytest.skip("FUSE is not available here")
 
 
 def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
@@ -32,6 +43,32 @@ def rss_anon(pid: int) -> int:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no RssAnon")
+
+
+def peak_rss_anon_while(pid: int, work: Callable[[], object]) -> int:
+    """Run ``work()``; the highest RssAnon of process ``pid`` meanwhile (sampled every 5 ms), in bytes."""
+    peak = [rss_anon(pid)]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], rss_anon(pid))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        work()
+    finally:
+        done.set()
+        sampler.join()
+    return max(peak[0], rss_anon(pid))
+
+
+def dd_whole(path: str) -> None:
+    """``dd bs=1M`` of ``path`` to /dev/null, which must copy every byte of it."""
+    dd = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], capture_output=True, timeout=240)
+    assert dd.returncode == 0, dd.stderr
+    assert f"{os.path.getsize(path)} bytes".encode() in dd.stderr
 
 
 def tensor_path(mnt: str, name: str) -> str:

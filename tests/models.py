@@ -66,6 +66,55 @@ def write_raw(
     return path
 
 
+# safetensors.serialize's name of every dtype it writes (all but F6); F4 is given in storage shape (two values a byte)
+SERIALIZE_NAMES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn_x2",
+}
+Tensors = dict[str, tuple[str, list[int], bytes]]  # name -> (safetensors dtype, shape, bytes)
+
+
+def write_serialized(path: str | os.PathLike[str], tensors: Tensors) -> None:
+    """Tensors of any dtype but F6 written by the real safetensors package (``safetensors.serialize``)."""
+    keep, specs = [], {}
+    for name, (dtype, shape, data) in tensors.items():
+        buffer = np.frombuffer(data, dtype=np.uint8).copy() if data else np.zeros(1, dtype=np.uint8)
+        keep.append(buffer)
+        storage = shape[:-1] + [shape[-1] // 2] if dtype == "F4" and shape else shape
+        specs[name] = safetensors.TensorSpec(
+            dtype=SERIALIZE_NAMES[dtype], shape=storage, data_ptr=buffer.ctypes.data, data_len=len(data)
+        )
+    with open(path, "wb") as stream:
+        stream.write(bytes(safetensors.serialize(specs)))
+
+
+def write_by_hand(path: str | os.PathLike[str], tensors: Tensors) -> None:
+    """Tensors safetensors cannot write (F6), with struct and json."""
+    header, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    write_header(str(path), header, data)
+
+
 def write_header(path: str, header: Any, data: bytes = b"", length: int | None = None, raw: bytes | None = None) -> str:
     """Write a file by hand: 8-byte length, header (JSON of ``header`` or ``raw`` bytes), then ``data``."""
     body = raw if raw is not None else json.dumps(header).encode()

@@ -9,7 +9,6 @@ import math
 import os
 import random
 import struct
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -19,51 +18,18 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import safetensors
 
 from stfs.daemon import daemon_pid, mounted
 from stfs.decode import NATIVE
 from stfs.format import DTYPE_BITS
 from tests.decoding import every_code, parse_npy_header, reference
-from tests.helpers import IN_CI, MountFn, fuse_available, rss_anon, run
-from tests.models import rich_arrays, sharded_arrays, write_header, write_numpy, write_sharded
+from tests.helpers import MountFn, dd_whole, need_fuse, peak_rss_anon_while, rss_anon, run
+from tests.models import rich_arrays, sharded_arrays, write_by_hand, write_numpy, write_serialized, write_sharded
 
 ALL_DTYPES = sorted(DTYPE_BITS)
 FLOATS = {"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
 FLOATS |= {"F16", "BF16", "F32", "F64"}
-# safetensors.serialize's names for what numpy cannot write; F4 is given in storage shape (two values a byte)
-SERIALIZE_NAMES = {
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F4": "float4_e2m1fn_x2",
-}
 BIG = 400_000  # values: a decoded file of 1.6 MB spans several 1 MiB requests
-
-
-def serialize(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
-    """Tensors as (dtype, shape, bytes) written by the real safetensors package."""
-    keep, specs = [], {}
-    for name, (dtype, shape, data) in tensors.items():
-        buffer = np.frombuffer(data, dtype=np.uint8).copy() if data else np.zeros(1, dtype=np.uint8)
-        keep.append(buffer)
-        storage = shape[:-1] + [shape[-1] // 2] if dtype == "F4" and shape else shape
-        specs[name] = safetensors.TensorSpec(
-            dtype=SERIALIZE_NAMES[dtype], shape=storage, data_ptr=buffer.ctypes.data, data_len=len(data)
-        )
-    path.write_bytes(bytes(safetensors.serialize(specs)))
-
-
-def by_hand(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
-    """Tensors safetensors cannot write (F6), with struct and json."""
-    header, data = {}, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    write_header(str(path), header, data)
 
 
 def normal(count: int, dtype: type) -> bytes:
@@ -89,8 +55,8 @@ def write_models(folder: Path) -> None:
     }
     for seed, dtype in enumerate(("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")):
         packed[f"f8.{dtype[3:].lower()}"] = (dtype, [16, 300], every_code(dtype, 4800, seed=10 + seed))
-    serialize(folder / "packed.safetensors", packed)
-    by_hand(
+    write_serialized(folder / "packed.safetensors", packed)
+    write_by_hand(
         folder / "hand.safetensors",
         {
             "f6.e2m3": ("F6_E2M3", [64, 12], every_code("F6_E2M3", 768, seed=7)),
@@ -171,10 +137,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def views(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted]:
     """The three models mounted once with both views (``-o view=npy,view=f32``)."""
-    if not fuse_available():
-        if IN_CI:
-            pytest.fail("/dev/fuse or fusermount3 is missing in CI")
-        pytest.skip("FUSE is not available here")
+    need_fuse()
     tensors = [t for name in ("native", "packed", "hand") for t in catalog(str(models / f"{name}.safetensors"), name)]
     assert {tensor.dtype for tensor in tensors} == set(DTYPE_BITS)
     with mounted(str(models), str(tmp_path_factory.mktemp("mnt")), options=["view=npy,view=f32"]) as root:
@@ -446,27 +409,11 @@ def test_decoding_a_large_tensor_keeps_the_daemon_small(tmp_path: Path, mount: M
     """A 96 MiB BF16 tensor: its 192 MiB f32/ file and .npy go through the daemon in bounded pieces."""
     source = tmp_path / "large.safetensors"
     values = 48 << 20
-    serialize(source, {"w": ("BF16", [values], np.random.default_rng(9).bytes(2 * values))})
+    write_serialized(source, {"w": ("BF16", [values], np.random.default_rng(9).bytes(2 * values))})
     root = mount(str(source), options=["view=f32,view=npy"])
     pid = daemon_pid(root)
     assert pid is not None
     before = rss_anon(pid)
-    peak = [before]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            peak[0] = max(peak[0], rss_anon(pid))
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
-        for path in (os.path.join(root, "f32", "w"), os.path.join(root, "npy", "w.npy")):
-            dd = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], capture_output=True, timeout=240)
-            assert dd.returncode == 0, dd.stderr
-            assert str(os.path.getsize(path)).encode() in dd.stderr  # every byte copied
-    finally:
-        done.set()
-        sampler.join()
-    peak[0] = max(peak[0], rss_anon(pid))
-    assert peak[0] - before <= 64 << 20, (before, peak[0])
+    paths = [os.path.join(root, "f32", "w"), os.path.join(root, "npy", "w.npy")]
+    peak = peak_rss_anon_while(pid, lambda: [dd_whole(path) for path in paths])
+    assert peak - before <= 64 << 20, (before, peak)
