@@ -25,7 +25,6 @@ in the process that uses it, after any fork (``daemon.run_background`` plans in 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from cachetools import LRUCache
 
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SourceChanged
 from .disk_cache import DiskCache
+from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +173,10 @@ class RemoteFiles:
             self._pin(key)
             return Kind.FILE
         except FileNotFoundError:
-            listed = self.transport.list(self._get_store(), key.rstrip("/") + "/")
-            return Kind.FOLDER if listed else None
+            return Kind.FOLDER if self._list(key) else None
 
     def walk(self, folder: str) -> list[str]:
-        listed = self.transport.list(self._get_store(), folder.rstrip("/") + "/")
+        listed = self._list(folder)
         if listed is None:
             raise OSError(f"{folder}: this kind of server cannot list a folder; name a .safetensors file or an index")
         return listed
@@ -261,6 +260,11 @@ class RemoteFiles:
         """What went over the wire so far: requests (a HEAD counts) and body bytes."""
         with self._lock:
             return {"requests": self.requests, "bytes": self.bytes_fetched}
+
+    def _list(self, folder: str) -> list[str] | None:
+        """The store's listing of ``folder`` (retried as a first contact is), or ``None`` if it cannot list."""
+        deadline = time.monotonic() + self.timeout
+        return self._retrying(lambda: self.transport.list(self._get_store(), folder.rstrip("/") + "/"), None, deadline)
 
     # -- pinning -------------------------------------------------------------------------------------------------
 
@@ -422,8 +426,10 @@ class RemoteFiles:
                     if pin is None:
                         raise _NoRange(_one_line(exc)) from exc
                     raise RangeIgnored("the server no longer answers Range requests (it sent the whole file)") from exc
-                if kind != "retry" or time.monotonic() + delay >= deadline:
-                    if kind == "retry":
+                if kind == UNREACHABLE and pin is None:  # first contact: nothing says a server was ever there
+                    raise OSError(_one_line(exc)) from exc
+                if kind not in (RETRY, UNREACHABLE) or time.monotonic() + delay >= deadline:
+                    if kind in (RETRY, UNREACHABLE):
                         raise OSError(f"gave up after {self.timeout:g} s: {_one_line(exc)}") from exc
                     if isinstance(exc, OSError) and not type(exc).__module__.startswith("obstore"):
                         raise
@@ -495,42 +501,17 @@ class _NoRange(OSError):
     """A Range request answered without a range: an empty object, or a server that ignores Range."""
 
 
-_STATUS = re.compile(r"status code: (\d{3})")
-
-
 def _kind_of(exc: BaseException) -> str:
-    """How to take a failed request: ``gone`` (404), ``changed`` (412: If-Match failed), ``no-range`` (200 or 416
-    to a Range request), ``fatal`` (another 4xx: asking again will not help), else ``retry`` (resets, timeouts,
-    5xx, 429)."""
-    name = type(exc).__name__
-    if isinstance(exc, FileNotFoundError) or name == "NotFoundError":
-        return "gone"
-    if name == "PreconditionError":
-        return "changed"
-    text = str(exc)
-    if "RangeNotSupported" in text or "Range request not supported" in text or "NotPartial" in text:
-        return "no-range"
-    match = _STATUS.search(text)
-    status = int(match.group(1)) if match else 0
-    if status == 416:
-        return "no-range"
-    if status == 412:
-        return "changed"
-    if status == 404:
-        return "gone"
-    if isinstance(exc, (RangeIgnored, SourceChanged)) or name in (
-        "PermissionDeniedError",
-        "UnauthenticatedError",
-        "InvalidPathError",
-        "NotSupportedError",
-        "UnknownConfigurationKeyError",
-    ):
-        return "fatal"
-    if 400 <= status < 500 and status not in (408, 429):
-        return "fatal"
-    return "retry"
+    """How to take a failed request (``failures``): ``gone`` (404), ``changed`` (412: If-Match failed), ``no-range``
+    (200 or 416 to a Range request), ``fatal`` (a certificate, another 4xx: asking again will not help),
+    ``unreachable`` (refused, no such host), else ``retry`` (resets, timeouts, 5xx, 429)."""
+    if isinstance(exc, (RangeIgnored, SourceChanged)):
+        return FATAL
+    return describe(exc).kind
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
+    """The cause of a failed request for a person: one line, its source named by the caller."""
+    if isinstance(exc, (RangeIgnored, SourceChanged, _NoRange)):
+        return first_line(exc)
+    return describe(exc).cause

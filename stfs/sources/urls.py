@@ -16,9 +16,15 @@ from typing import Any
 from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
 from .disk_cache import DiskCache
+from .failures import describe, first_line
 from .remote import Listing, RemoteFiles, Transport
 
-_HUB_REPO = re.compile(r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<revision>[^/]+))?(?:/(?P<path>.*))?$")
+# A revision ends at the first "/", except the Hub's special refs, whose names hold two (huggingface_hub's
+# HfFileSystem reads them the same way): hf://org/repo@refs/pr/1/sub/x.safetensors is PATH sub/x.safetensors of
+# revision refs/pr/1. Any revision may also be percent-encoded (refs%2Fpr%2F1, a branch feature%2Fx).
+_HUB_REPO = re.compile(
+    r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<revision>refs/pr/\d+|refs/convert/\w+|[^/]+))?(?:/(?P<path>.*))?$"
+)
 
 
 def _client_options(timeout: float, headers: dict[str, str] | None = None, allow_http: bool = True) -> Any:
@@ -195,30 +201,52 @@ def _hub(text: str, timeout: float) -> tuple[HubTransport, str]:
     if match is None:
         raise errors.SourceError(f"{text}: not hf://ORG/REPO[@REVISION][/PATH]")
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import HfHubHTTPError
 
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     token = os.environ.get("HF_TOKEN") or None
-    repo, revision, path = match["repo"], match["revision"] or "main", (match["path"] or "").strip("/")
+    repo, path = match["repo"], (match["path"] or "").strip("/")
+    revision = urllib.parse.unquote(match["revision"] or "main")  # huggingface_hub encodes it again, once
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(
             repo, revision=revision, timeout=timeout, files_metadata=True
         )
-    except HfHubHTTPError as exc:
-        raise errors.SourceError(f"hf://{repo}@{revision}: {_first_line(exc)}") from None
-    except OSError as exc:
-        raise errors.SourceError(f"hf://{repo}@{revision}: cannot reach {endpoint}: {_first_line(exc)}") from None
+    except Exception as exc:  # huggingface_hub's errors, and its HTTP client's (not OSError)
+        raise errors.SourceError(f"hf://{repo}@{revision}: {hub_failure(exc, endpoint, token)}") from None
     files = {
         sibling.rfilename: (sibling.lfs.sha256 if sibling.lfs else sibling.blob_id) or ""
         for sibling in info.siblings or []
     }
-    transport = HubTransport(repo, info.sha or revision, files, endpoint, token, timeout, revision)
+    if not info.sha or not re.fullmatch(r"[0-9a-f]{40}", info.sha):
+        raise errors.SourceError(f"hf://{repo}@{revision}: the Hub did not say which commit it is (no sha)")
+    transport = HubTransport(repo, info.sha, files, endpoint, token, timeout, revision)
     return transport, transport.base + (f"/{path}" if path else "/")
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
+def hub_failure(exc: BaseException, endpoint: str, token: str | None) -> str:
+    """Why the Hub did not answer as asked, in one line (never the token)."""
+    name = type(exc).__name__
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if name == "GatedRepoError":
+        if token:
+            return "a gated repository: HF_TOKEN's account has not been granted access"
+        return "a gated repository: a token of an account granted access is needed (HF_TOKEN)"
+    if name == "RepositoryNotFoundError":
+        if token:
+            return "no such repository, or HF_TOKEN grants no access to it"
+        return "no such repository, or a private or gated one: a token is needed (HF_TOKEN)"
+    if name.startswith("Hf") and status in (401, 403):
+        if token:
+            return f"the Hub refused HF_TOKEN (HTTP {status})"
+        return f"access denied (HTTP {status}): a token is needed (HF_TOKEN)"
+    if name == "RevisionNotFoundError":
+        return "no such revision (a branch, tag, commit or refs/pr/N)"
+    if name == "DisabledRepoError":
+        return "the repository is disabled"
+    if name == "OfflineModeIsEnabled":
+        return "HF_HUB_OFFLINE is set: stfs reads the Hub over the network"
+    if status is not None or name.startswith("Hf"):
+        return first_line(exc)  # e.g. "500 Server Error: Internal Server Error for url: ..."
+    return f"cannot reach {endpoint}: {describe(exc).cause}"
 
 
 def _without_credentials(url: str) -> str:
