@@ -60,10 +60,21 @@ class RangeIgnored(OSError):
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """What a remote source can say of a key without reading it: a file, a folder, or nothing."""
+    """What a remote source can say of a key without reading it: a file, a folder, or nothing; for a file its
+    store's listing gave (S3's list, the Hub's file list), enough to pin it without a request: ``size``, the
+    ``etag`` sent as If-Match (``None``: the URL pins it, as a Hub commit does), ``tag`` naming the version in
+    the disk cache, and ``mtime_ns``."""
 
     kind: Kind | None
     size: int | None = None
+    etag: str | None = None
+    tag: str | None = None
+    mtime_ns: int = 0
+
+
+# Files whose first bytes every mount reads (headers, indexes): their speculative first read pins them and keeps
+# those bytes. Any other file of a listing is pinned from the listing, and costs nothing until it is read.
+READ_AT_MOUNT = (".safetensors", ".safetensors.index.json")
 
 
 class Transport:
@@ -85,7 +96,8 @@ class Transport:
         return None
 
     def describe(self, key: str) -> Listing | None:
-        """``kind`` of ``key`` when the store knows it without a request (the Hub's file list); else ``None``."""
+        """What the store knows of ``key`` without a request (the Hub's file list, an S3 listing already made);
+        else ``None``."""
         return None
 
     def still_there(self, store: Any, key: str, etag: str | None, version: str | None, size: int) -> bool:
@@ -100,9 +112,18 @@ class Transport:
 
 
 class _Pin:
-    __slots__ = ("key", "size", "etag", "version", "mtime_ns", "head", "changed")
+    __slots__ = ("key", "size", "etag", "version", "mtime_ns", "head", "changed", "label")
 
-    def __init__(self, key: str, size: int, etag: str | None, version: str | None, mtime_ns: int, head: bytes) -> None:
+    def __init__(
+        self,
+        key: str,
+        size: int,
+        etag: str | None,
+        version: str | None,
+        mtime_ns: int,
+        head: bytes,
+        label: str | None = None,
+    ) -> None:
         self.key = key
         self.size = size
         self.etag = etag
@@ -110,11 +131,12 @@ class _Pin:
         self.mtime_ns = mtime_ns
         self.head = head  # the first bytes, from the speculative first read
         self.changed = False
+        self.label = label  # names the version where neither etag nor version does (a Hub file: its oid)
 
     @property
     def tag(self) -> str:
         """What names this version of the object (the disk cache's key beside the URL)."""
-        return self.version or self.etag or ""
+        return self.version or self.etag or self.label or ""
 
 
 class RemoteFiles:
@@ -277,10 +299,19 @@ class RemoteFiles:
         with pinning:  # one first read per file, whoever asks first
             pin = self._pins.get(key)
             if pin is None:
-                pin = self._probe(key)
+                pin = self._from_listing(key) or self._probe(key)
                 with self._lock:
                     self._pins[key] = pin
             return pin
+
+    def _from_listing(self, key: str) -> _Pin | None:
+        """A pin made from the store's listing, without a request, for a file the mount may never read."""
+        if key.endswith(READ_AT_MOUNT):
+            return None
+        listed = self.transport.describe(key)
+        if listed is None or listed.kind is not Kind.FILE or listed.size is None:
+            return None
+        return _Pin(key, listed.size, listed.etag, None, listed.mtime_ns, b"", listed.tag)
 
     def _probe(self, key: str) -> _Pin:
         """The speculative first read: the first ``first_read`` bytes, and with them size and version."""

@@ -73,6 +73,8 @@ class S3Transport(Transport):
         self.bucket = bucket
         self.base = f"s3://{bucket}"
         self.timeout = timeout
+        self._listings: dict[str, list[str]] = {}  # prefix -> its keys: listed once, the mount's snapshot
+        self._listed: dict[str, Listing] = {}  # key -> what the listing said of it
 
     def make_store(self) -> Any:
         from obstore.store import S3Store
@@ -95,8 +97,29 @@ class S3Transport(Transport):
         import obstore
 
         prefix = self.path(key).strip("/")
-        keys = [f"{self.base}/{meta['path']}" for batch in obstore.list(store, prefix or None) for meta in batch]
-        return sorted(key for key in keys if not key.endswith("/"))
+        if prefix in self._listings:
+            return self._listings[prefix]
+        keys = []
+        for batch in obstore.list(store, prefix or None):
+            for meta in batch:
+                found = f"{self.base}/{meta['path']}"
+                if found.endswith("/"):
+                    continue
+                keys.append(found)
+                modified = meta.get("last_modified")
+                etag = meta.get("e_tag")
+                self._listed[found] = Listing(
+                    Kind.FILE,
+                    int(meta["size"]),
+                    etag,
+                    etag,
+                    int(modified.timestamp() * 1e9) if modified is not None else 0,
+                )
+        self._listings[prefix] = sorted(keys)
+        return self._listings[prefix]
+
+    def describe(self, key: str) -> Listing | None:
+        return self._listed.get(key)
 
 
 class HubTransport(Transport):
@@ -111,11 +134,15 @@ class HubTransport(Transport):
         token: str | None,
         timeout: float,
         revision: str | None = None,
+        sizes: dict[str, int] | None = None,
+        mtime_ns: int = 0,
     ) -> None:
         self.repo = repo
         self.commit = commit
         self.revision = revision or commit  # what SOURCE named: a branch moves on, the mount stays at the commit
         self.oids = files  # path -> the Hub's ETag of it at the commit (LFS sha256 or git blob id)
+        self.sizes = sizes or {}  # path -> its size, from the file list
+        self.mtime_ns = mtime_ns  # the repository's last change: every file's mtime when pinned from the list
         self.files = sorted(files)
         self.endpoint = endpoint.rstrip("/")
         self.token = token
@@ -141,7 +168,10 @@ class HubTransport(Transport):
         path = self.path(key).rstrip("/")
         if not path or any(name.startswith(path + "/") for name in self.files):
             return Listing(Kind.FOLDER)
-        return Listing(Kind.FILE if path in self.oids else None)
+        if path not in self.oids:
+            return Listing(None)
+        # A file of a commit never changes: the commit in its URL pins it, no If-Match needed; its oid names it.
+        return Listing(Kind.FILE, self.sizes.get(path), None, self.oids[path] or self.commit, self.mtime_ns)
 
     def still_there(self, store: Any, key: str, etag: str | None, version: str | None, size: int) -> bool:
         """Whether the revision SOURCE named (a branch moves) still holds this file as it was at the pinned commit:
@@ -218,7 +248,10 @@ def _hub(text: str, timeout: float) -> tuple[HubTransport, str]:
     }
     if not info.sha or not re.fullmatch(r"[0-9a-f]{40}", info.sha):
         raise errors.SourceError(f"hf://{repo}@{revision}: the Hub did not say which commit it is (no sha)")
-    transport = HubTransport(repo, info.sha, files, endpoint, token, timeout, revision)
+    sizes = {sibling.rfilename: sibling.size for sibling in info.siblings or [] if sibling.size is not None}
+    modified = info.last_modified or info.created_at
+    mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else 0
+    transport = HubTransport(repo, info.sha, files, endpoint, token, timeout, revision, sizes, mtime_ns)
     return transport, transport.base + (f"/{path}" if path else "/")
 
 
