@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
-from .disk_cache import DiskCache
+from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
 from .remote import Listing, RemoteFiles, Transport
 
@@ -195,11 +195,12 @@ def open_remote(
     cache_size: int = DEFAULT_CACHE_SIZE,
     timeout: float = DEFAULT_TIMEOUT,
     cache_dir: str | None = None,
+    cache_dir_size: int | None = None,
     ranges_required: bool = False,
 ) -> tuple[RemoteFiles, str]:
     """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision pinned);
     ``ranges_required``: refuse a server that ignores Range (a mount) rather than stream from the start (info)."""
-    disk = DiskCache(cache_dir) if cache_dir else None
+    disk = DiskCache(cache_dir, cache_dir_size or DEFAULT_MAX_BYTES) if cache_dir else None
     transport: Transport
     if text.startswith("hf://"):
         transport, key = _hub(text, timeout)
