@@ -79,6 +79,19 @@ def test_a_certificate_that_does_not_verify_fails_at_once(
     assert "UnknownIssuer" in line
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_hub_whose_certificate_does_not_verify(
+    command: str, hub: FakeHub, nginx: Nginx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert nginx.https_url
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", nginx.https_url)
+    line = one_line(command, "hf://org/repo", tmp_path, "--timeout", "300")
+    assert f"hf://org/repo@main: cannot reach {nginx.https_url}: the server's certificate does not verify" in line
+    assert "SSL_CERT_FILE" in line, line
+
+
 def test_the_same_certificate_trusted_through_ssl_cert_file(nginx: Nginx, tmp_path: Path) -> None:
     assert nginx.https_url
     nginx.put("m.safetensors", model_bytes(tmp_path))

@@ -200,7 +200,10 @@ def open_remote(
 ) -> tuple[RemoteFiles, str]:
     """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision pinned);
     ``ranges_required``: refuse a server that ignores Range (a mount) rather than stream from the start (info)."""
-    disk = DiskCache(cache_dir, cache_dir_size or DEFAULT_MAX_BYTES) if cache_dir else None
+    try:
+        disk = DiskCache(cache_dir, cache_dir_size or DEFAULT_MAX_BYTES) if cache_dir else None
+    except OSError as exc:
+        raise errors.SourceError(f"{cache_dir}: cannot keep a cache there: {exc.strerror or exc}") from None
     transport: Transport
     if text.startswith("hf://"):
         transport, key = _hub(text, timeout)
