@@ -91,12 +91,14 @@ def first_line(exc: BaseException) -> str:
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its causes (``raise ... from``, as the HTTP clients chain them); not the exceptions being
+    handled when it was raised, which may be other failures."""
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:
         seen.add(id(link))
         yield link
-        link = link.__cause__ or link.__context__
+        link = link.__cause__
 
 
 def _status(text: str) -> int | None:
