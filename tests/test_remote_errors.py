@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import run
 from tests.models import write_numpy
-from tests.servers import BASIC_PASSWORD, BASIC_USER, LOCALHOST, FakeHub, Nginx, free_port
+from tests.servers import BASIC_PASSWORD, BASIC_USER, LOCALHOST, S3, FakeHub, Nginx, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,3 +170,14 @@ def test_a_private_or_gated_repository_says_a_token_is_needed(
 def test_a_repository_the_hub_does_not_have(command: str, hub: FakeHub, tmp_path: Path) -> None:
     line = one_line(command, "hf://org/nothing-here", tmp_path)
     assert "hf://org/nothing-here@main: no such repository" in line, line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_s3_without_the_bucket_or_the_server(
+    command: str, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = one_line(command, "s3://no-such-bucket/models/", tmp_path)
+    assert line.endswith("s3://no-such-bucket/models/: no such bucket (HTTP 404)"), line
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{LOCALHOST}:{free_port()}")
+    line = one_line(command, "s3://bucket/m.safetensors", tmp_path, "--timeout", "300")
+    assert line.endswith("s3://bucket/m.safetensors: connection refused (nothing listens at that address and port)")

@@ -59,7 +59,7 @@ def describe(exc: BaseException) -> Failure:
         detail = f" ({detail.strip()})" if detail else ""
         return Failure(FATAL, f"the server's certificate does not verify{detail}; {TRUST_HINT}")
     if "FileNotFoundError" in names or "NotFoundError" in names or status == 404:
-        return Failure(GONE, "not found (HTTP 404)")
+        return Failure(GONE, "no such bucket (HTTP 404)" if "NoSuchBucket" in text else "not found (HTTP 404)")
     if "PreconditionError" in names or status == 412:
         return Failure(CHANGED, "the object changed (HTTP 412: If-Match failed)")
     if any(marker in text for marker in _NO_RANGE_TEXT) or status == 416:
