@@ -5,6 +5,7 @@ logs for the Hub, the fault proxy in front of moto for S3."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.helpers import MountFn, read_cold
+from tests.helpers import MountFn, changed, read_cold
 from tests.remote_helpers import files_of, publish_hub, publish_s3, repository
 from tests.servers import S3, FakeHub, FaultProxy
 
@@ -49,6 +50,7 @@ def test_a_hub_repository(hub: FakeHub, mount: MountFn, tmp_path: Path) -> None:
     assert (
         read_cold(os.path.join(mnt, "files", "tokenizer", "vocab.txt")) == (folder / "tokenizer/vocab.txt").read_bytes()
     )
+    assert changed(mnt) == []
 
 
 def test_an_s3_prefix(
@@ -72,7 +74,10 @@ def test_an_s3_prefix(
     assert read_cold(path) == (folder / "tokenizer" / "vocab.txt").read_bytes()
     [read] = proxy.requests()[before:]
     assert unquote(urlsplit(read.target).path) == "/bucket/org/llm/tokenizer/vocab.txt" and read.body_bytes == 2560
+    assert changed(mnt) == []  # the listing's ETags are the objects' ETags
     # pinned from the listing's ETag: a file put over after the mount gives EIO, never the new bytes
     s3.put_object("bucket", "org/llm/config.json", b'{"changed": true}')
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as raised:
         read_cold(os.path.join(mnt, "files", "config.json"))
+    assert raised.value.errno == errno.EIO
+    assert changed(mnt) == [f"{base}/config.json"]
