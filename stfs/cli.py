@@ -96,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument(
         "--cache-dir", metavar="DIR", help="remote sources: also keep fetched blocks in DIR, across mounts"
     )
+    mount.add_argument(
+        "--cache-dir-size",
+        type=_option_type(size_bytes),
+        default=None,
+        metavar="SIZE",
+        help="at most this much in --cache-dir, least recently used blocks deleted first, across the daemons "
+        "sharing it; K/M/G suffixes (default 10G)",
+    )
     _timeout(mount)
 
     unmount = commands.add_parser("unmount", help="unmount, also a mount whose daemon died")
@@ -174,6 +182,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             cache_size=args.cache_size,
             timeout=args.timeout,
             cache_dir=args.cache_dir,
+            cache_dir_size=args.cache_dir_size,
             mounting=True,
         )
         return plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=threads, views=args.views)

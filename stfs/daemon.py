@@ -201,7 +201,11 @@ def _messages(read_end: int) -> Iterator[tuple[str, str]]:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             kind, _, text = line.decode("utf-8", "surrogateescape").partition("\t")
-            yield (kind, text) if kind in ("ok", "warning", "error") else ("failed", line.decode("utf-8", "replace"))
+            yield (
+                (kind, text)
+                if kind in ("ok", "warning", "error", "failed")
+                else ("failed", line.decode("utf-8", "replace"))
+            )
     yield "failed", "no answer"
 
 
@@ -217,6 +221,11 @@ def _daemon_main(make_plan: Callable[[], MountPlan], log_file: str, ready_fd: in
             plan = make_plan()
         except errors.StfsError as exc:
             tell("error", exc.message.replace("\n", " "))
+            return
+        except Exception as exc:  # a bug: one line on the terminal, the traceback in the log
+            _log_traceback(log_file)
+            lines = str(exc).strip().splitlines()
+            tell("failed", f"{type(exc).__name__}: {lines[0][:300] if lines else ''}")
             return
         for warning in plan.warnings:
             tell("warning", warning)
@@ -240,6 +249,18 @@ def _daemon_main(make_plan: Callable[[], MountPlan], log_file: str, ready_fd: in
     finally:
         logging.shutdown()
         os._exit(status)
+
+
+def _log_traceback(log_file: str) -> None:
+    """Append the exception being handled, with its traceback, to the daemon's log."""
+    import traceback
+
+    with (
+        contextlib.suppress(OSError),
+        open(os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as stream,
+    ):
+        stream.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} stfs[{os.getpid()}] ERROR planning the mount failed\n")
+        traceback.print_exc(file=stream)
 
 
 def _redirect_output(log_file: str) -> None:

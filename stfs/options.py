@@ -85,6 +85,7 @@ SETTINGS: dict[str, Setting] = {
     "keep_source_cache": Setting("keep_source_cache", flag),
     "cache_size": Setting("cache_size", size_bytes),
     "cache_dir": Setting("cache_dir", text),
+    "cache_dir_size": Setting("cache_dir_size", size_bytes),
     "timeout": Setting("timeout", seconds),
     "view": Setting("views", choice(*VIEWS), repeat=True),
 }

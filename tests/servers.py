@@ -14,6 +14,7 @@ import http.client
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -298,6 +299,12 @@ def _log_entry(raw: dict[str, str]) -> LogEntry:
 # --- nginx ------------------------------------------------------------------------------------------------
 
 
+def _nginx_token(token: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", token):
+        raise ValueError("a test token is letters, digits, '_', '.' and '-'")
+    return token
+
+
 def _nginx_string(value: str) -> str:
     """A value quoted for nginx's config, refusing what would need escaping (test paths are plain)."""
     if any(ch in value for ch in "'\\$;{}\n\r\t ") or len(value) > 400:
@@ -337,6 +344,8 @@ class Nginx:
         self.hub_log = AccessLog(workdir / "hub.log")
         self.cdn_log = AccessLog(workdir / "cdn.log")
         self.hub_objects: dict[str, _HubObject] = {}  # resolve path -> what it redirects to
+        self.hub_repos: set[str] = set()  # "ORG/REPO" of every repository published: others are not found
+        self.hub_guards: dict[str, tuple[str, str]] = {}  # "ORG/REPO" -> (token it needs, "private" or "gated")
         self.redirect_base = ""  # where /resolve/ redirects: cdn_url unless a test puts a proxy in between
         self.port = self.https_port = self.hub_port = self.cdn_port = 0
         self._generation = 0
@@ -454,6 +463,37 @@ class Nginx:
                         children.add(int(entry.name))
         return children
 
+    def _guard_locations(self) -> str:
+        """Locations for private and gated repositories: their API and ``/resolve/`` answer only to their token."""
+        blocks = []
+        for repo, (token, kind) in sorted(self.hub_guards.items()):
+            code = "GatedRepo" if kind == "gated" else "RepoNotFound"
+            wrong = (
+                f'            if ($http_authorization != "Bearer {_nginx_token(token)}") {{\n'
+                f"                add_header X-Error-Code {code} always;\n"
+                f'                return 401 \'{{"error": "a {kind} repository"}}\';\n'
+                "            }\n"
+            )
+            escaped = re.escape(repo)
+            blocks.append(
+                f"        location ~ ^/api/models/{escaped}(/|$) {{\n{wrong}"
+                "            default_type application/json;\n"
+                "            try_files $uri/$hub_listing.json @api_missing;\n"
+                "        }\n"
+                f"        location ~ ^/{escaped}/resolve/ {{\n{wrong}"
+                "            if ($hub_target = '') {\n"
+                "                add_header X-Error-Code EntryNotFound always;\n"
+                "                return 404;\n"
+                "            }\n"
+                "            add_header X-Repo-Commit $hub_commit always;\n"
+                "            add_header X-Linked-Etag $hub_etag always;\n"
+                "            add_header X-Linked-Size $hub_size always;\n"
+                "            add_header ETag $hub_etag always;\n"
+                f"            return 302 {self.redirect_base}$hub_target;\n"
+                "        }"
+            )
+        return "\n".join(blocks)
+
     def _write_config(self) -> None:
         work = self.workdir
         temp = work / "temp"
@@ -476,6 +516,8 @@ class Nginx:
                     lines.append(f"        {_nginx_string(key)} {_nginx_string(value_of(obj))};")
             lines.append("    }")
             maps.append("\n".join(lines))
+        known = [f"        ~^/api/models/{re.escape(repo)}(/|$) 1;" for repo in sorted(self.hub_repos)]
+        maps.append("\n".join(["    map $uri $hub_known_repo {", "        default 0;", *known, "    }"]))
         tls_listen = ""
         if self.tls:
             tls_listen = (
@@ -533,8 +575,20 @@ http {{
         location = /api/agent-harnesses {{ access_log off; return 404; }}
         location /api/ {{
             default_type application/json;
-            try_files $uri/$hub_listing.json =404;
+            try_files $uri/$hub_listing.json @api_missing;
         }}
+        # As the Hub answers: a revision it does not have is 404 RevisionNotFound; a repository it does not have
+        # (or will not show without a token) is 401 RepoNotFound.
+        location @api_missing {{
+            default_type application/json;
+            if ($hub_known_repo) {{
+                add_header X-Error-Code RevisionNotFound always;
+                return 404 '{{"error": "Invalid rev id"}}';
+            }}
+            add_header X-Error-Code RepoNotFound always;
+            return 401 '{{"error": "Repository not found"}}';
+        }}
+{self._guard_locations()}
         location / {{
             if ($hub_target = '') {{
                 add_header X-Error-Code EntryNotFound always;
@@ -589,13 +643,18 @@ class FakeHub:
       ``X-Linked-Etag`` (sha256 for LFS files, the git blob sha otherwise), ``X-Linked-Size`` and ``ETag``;
       404 with ``X-Error-Code: EntryNotFound`` for a path that is not there.
 
-    REV is a branch name or a 40-hex commit. ``publish_repo`` makes a commit and moves the branch to it;
-    earlier commits stay resolvable by their sha.
+    REV is a branch, a tag, a pull request's ``refs/pr/N`` (the Hub's clients send it as ``refs%2Fpr%2FN``), or a
+    commit: its 40 hex digits, or a prefix of 7 or more. ``publish_repo`` makes a commit and moves the branch (or
+    the pull request's ref) to it; earlier commits stay resolvable by their sha. ``tag`` names a commit.
+    ``protect`` makes a repository private or gated: it answers only to its token (401 ``RepoNotFound`` or
+    ``GatedRepo`` otherwise). A repository never published is 401 ``RepoNotFound``, a revision it lacks 404
+    ``RevisionNotFound``, as on the Hub.
     """
 
     def __init__(self, nginx: Nginx) -> None:
         self.nginx = nginx
         self.branches: dict[tuple[str, str], dict[str, str]] = {}  # (org, repo) -> branch -> commit
+        self.commits: dict[str, list[dict[str, Any]]] = {}  # commit -> its files, as the tree API lists them
 
     @property
     def endpoint(self) -> str:
@@ -621,7 +680,7 @@ class FakeHub:
         for path in sorted(files):
             digest.update(f"{path}\0{_git_blob_sha(files[path])}\0".encode())
         commit = digest.hexdigest()
-        entries = []
+        entries: list[dict[str, Any]] = []
         for path, data in sorted(files.items()):
             target = f"/{org}/{repo}/{commit}/{path}"
             cdn_file = self.nginx.cdn_root / target.lstrip("/")
@@ -644,10 +703,30 @@ class FakeHub:
             del self.nginx.hub_objects[key]
         self._write_api(org, repo, revision, commit, entries)
         self.branches.setdefault((org, repo), {})[revision] = commit
+        self.commits[commit] = entries
+        self.nginx.hub_repos.add(f"{org}/{repo}")
         self.nginx.reload()
         return commit
 
-    def _write_api(self, org: str, repo: str, revision: str, commit: str, files: list[dict[str, Any]]) -> None:
+    def tag(self, org: str, repo: str, name: str, commit: str) -> None:
+        """Name ``commit`` (published before) ``name`` as well: a tag."""
+        entries = self.commits[commit]
+        for key, obj in list(self.nginx.hub_objects.items()):
+            prefix = f"/{org}/{repo}/resolve/{commit}/"
+            if key.startswith(prefix):
+                self.nginx.hub_objects[f"/{org}/{repo}/resolve/{name}/{key[len(prefix) :]}"] = obj
+        self._write_api(org, repo, name, commit, entries, short=False)
+        self.nginx.reload()
+
+    def protect(self, org: str, repo: str, token: str, kind: str = "private") -> None:
+        """Serve ``ORG/REPO`` (API and ``/resolve/``) only to ``Authorization: Bearer TOKEN``; ``kind`` is
+        ``private`` or ``gated`` (what the Hub's ``X-Error-Code`` says to a request without it)."""
+        self.nginx.hub_guards[f"{org}/{repo}"] = (token, kind)
+        self.nginx.reload()
+
+    def _write_api(
+        self, org: str, repo: str, revision: str, commit: str, files: list[dict[str, Any]], short: bool = True
+    ) -> None:
         base = self.nginx.hub_root / "api" / "models" / org / repo
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
         info = {
@@ -672,6 +751,8 @@ class FakeHub:
         }
         folders = sorted({str(Path(f["path"]).parent) for f in files} | {"."})
         folders = sorted({str(p) for folder in folders for p in [Path(folder), *Path(folder).parents]})
+        for prefix in range(7, 40) if short else ():  # a commit's short spellings: the API only
+            _write_json(base / "revision" / commit[:prefix] / "index.json", info)
         for name in (revision, commit):
             _write_json(base / "revision" / name / "index.json", info)
             if name == "main":

@@ -44,13 +44,14 @@ def open_source(
     cache_size: int | None = None,
     timeout: float | None = None,
     cache_dir: str | None = None,
+    cache_dir_size: int | None = None,
     mounting: bool = False,
 ) -> tuple[ByteSource, str]:
     """The byte source SOURCE (as given on the command line) lives in, and its key there.
 
     A URL (``http(s)://``, ``s3://``, ``hf://``) is a remote source (``cache_size``, ``timeout``,
-    ``cache_dir`` apply; ``mounting`` refuses a server that ignores Range); anything else a local path
-    (``keep_source_cache`` leaves the source's page cache alone instead of dropping pages once served;
+    ``cache_dir``, ``cache_dir_size`` apply; ``mounting`` refuses a server that ignores Range); anything else a
+    local path (``keep_source_cache`` leaves the source's page cache alone instead of dropping pages once served;
     ``threads``: requests may come from several threads at once).
     """
     if is_url(text):
@@ -61,6 +62,7 @@ def open_source(
             cache_size=cache_size or DEFAULT_CACHE_SIZE,
             timeout=timeout or DEFAULT_TIMEOUT,
             cache_dir=cache_dir,
+            cache_dir_size=cache_dir_size,
             ranges_required=mounting,
         )
     source = LocalFiles(max_open=max_open_files, drop_behind=not keep_source_cache, threaded=threads)

@@ -25,7 +25,6 @@ in the process that uses it, after any fork (``daemon.run_background`` plans in 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from cachetools import LRUCache
 
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SourceChanged
 from .disk_cache import DiskCache
+from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,21 @@ class RangeIgnored(OSError):
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """What a remote source can say of a key without reading it: a file, a folder, or nothing."""
+    """What a remote source can say of a key without reading it: a file, a folder, or nothing; for a file its
+    store's listing gave (S3's list, the Hub's file list), enough to pin it without a request: ``size``, the
+    ``etag`` sent as If-Match (``None``: the URL pins it, as a Hub commit does), ``tag`` naming the version in
+    the disk cache, and ``mtime_ns``."""
 
     kind: Kind | None
     size: int | None = None
+    etag: str | None = None
+    tag: str | None = None
+    mtime_ns: int = 0
+
+
+# Files whose first bytes every mount reads (headers, indexes): their speculative first read pins them and keeps
+# those bytes. Any other file of a listing is pinned from the listing, and costs nothing until it is read.
+READ_AT_MOUNT = (".safetensors", ".safetensors.index.json")
 
 
 class Transport:
@@ -85,7 +96,8 @@ class Transport:
         return None
 
     def describe(self, key: str) -> Listing | None:
-        """``kind`` of ``key`` when the store knows it without a request (the Hub's file list); else ``None``."""
+        """What the store knows of ``key`` without a request (the Hub's file list, an S3 listing already made);
+        else ``None``."""
         return None
 
     def still_there(self, store: Any, key: str, etag: str | None, version: str | None, size: int) -> bool:
@@ -100,9 +112,18 @@ class Transport:
 
 
 class _Pin:
-    __slots__ = ("key", "size", "etag", "version", "mtime_ns", "head", "changed")
+    __slots__ = ("key", "size", "etag", "version", "mtime_ns", "head", "changed", "label")
 
-    def __init__(self, key: str, size: int, etag: str | None, version: str | None, mtime_ns: int, head: bytes) -> None:
+    def __init__(
+        self,
+        key: str,
+        size: int,
+        etag: str | None,
+        version: str | None,
+        mtime_ns: int,
+        head: bytes,
+        label: str | None = None,
+    ) -> None:
         self.key = key
         self.size = size
         self.etag = etag
@@ -110,11 +131,12 @@ class _Pin:
         self.mtime_ns = mtime_ns
         self.head = head  # the first bytes, from the speculative first read
         self.changed = False
+        self.label = label  # names the version where neither etag nor version does (a Hub file: its oid)
 
     @property
     def tag(self) -> str:
         """What names this version of the object (the disk cache's key beside the URL)."""
-        return self.version or self.etag or ""
+        return self.version or self.etag or self.label or ""
 
 
 class RemoteFiles:
@@ -173,11 +195,10 @@ class RemoteFiles:
             self._pin(key)
             return Kind.FILE
         except FileNotFoundError:
-            listed = self.transport.list(self._get_store(), key.rstrip("/") + "/")
-            return Kind.FOLDER if listed else None
+            return Kind.FOLDER if self._list(key) else None
 
     def walk(self, folder: str) -> list[str]:
-        listed = self.transport.list(self._get_store(), folder.rstrip("/") + "/")
+        listed = self._list(folder)
         if listed is None:
             raise OSError(f"{folder}: this kind of server cannot list a folder; name a .safetensors file or an index")
         return listed
@@ -262,6 +283,11 @@ class RemoteFiles:
         with self._lock:
             return {"requests": self.requests, "bytes": self.bytes_fetched}
 
+    def _list(self, folder: str) -> list[str] | None:
+        """The store's listing of ``folder`` (retried as a first contact is), or ``None`` if it cannot list."""
+        deadline = time.monotonic() + self.timeout
+        return self._retrying(lambda: self.transport.list(self._get_store(), folder.rstrip("/") + "/"), None, deadline)
+
     # -- pinning -------------------------------------------------------------------------------------------------
 
     def _pin(self, key: str) -> _Pin:
@@ -273,10 +299,19 @@ class RemoteFiles:
         with pinning:  # one first read per file, whoever asks first
             pin = self._pins.get(key)
             if pin is None:
-                pin = self._probe(key)
+                pin = self._from_listing(key) or self._probe(key)
                 with self._lock:
                     self._pins[key] = pin
             return pin
+
+    def _from_listing(self, key: str) -> _Pin | None:
+        """A pin made from the store's listing, without a request, for a file the mount may never read."""
+        if key.endswith(READ_AT_MOUNT):
+            return None
+        listed = self.transport.describe(key)
+        if listed is None or listed.kind is not Kind.FILE or listed.size is None:
+            return None
+        return _Pin(key, listed.size, listed.etag, None, listed.mtime_ns, b"", listed.tag)
 
     def _probe(self, key: str) -> _Pin:
         """The speculative first read: the first ``first_read`` bytes, and with them size and version."""
@@ -422,8 +457,10 @@ class RemoteFiles:
                     if pin is None:
                         raise _NoRange(_one_line(exc)) from exc
                     raise RangeIgnored("the server no longer answers Range requests (it sent the whole file)") from exc
-                if kind != "retry" or time.monotonic() + delay >= deadline:
-                    if kind == "retry":
+                if kind == UNREACHABLE and pin is None:  # first contact: nothing says a server was ever there
+                    raise OSError(_one_line(exc)) from exc
+                if kind not in (RETRY, UNREACHABLE) or time.monotonic() + delay >= deadline:
+                    if kind in (RETRY, UNREACHABLE):
                         raise OSError(f"gave up after {self.timeout:g} s: {_one_line(exc)}") from exc
                     if isinstance(exc, OSError) and not type(exc).__module__.startswith("obstore"):
                         raise
@@ -495,42 +532,17 @@ class _NoRange(OSError):
     """A Range request answered without a range: an empty object, or a server that ignores Range."""
 
 
-_STATUS = re.compile(r"status code: (\d{3})")
-
-
 def _kind_of(exc: BaseException) -> str:
-    """How to take a failed request: ``gone`` (404), ``changed`` (412: If-Match failed), ``no-range`` (200 or 416
-    to a Range request), ``fatal`` (another 4xx: asking again will not help), else ``retry`` (resets, timeouts,
-    5xx, 429)."""
-    name = type(exc).__name__
-    if isinstance(exc, FileNotFoundError) or name == "NotFoundError":
-        return "gone"
-    if name == "PreconditionError":
-        return "changed"
-    text = str(exc)
-    if "RangeNotSupported" in text or "Range request not supported" in text or "NotPartial" in text:
-        return "no-range"
-    match = _STATUS.search(text)
-    status = int(match.group(1)) if match else 0
-    if status == 416:
-        return "no-range"
-    if status == 412:
-        return "changed"
-    if status == 404:
-        return "gone"
-    if isinstance(exc, (RangeIgnored, SourceChanged)) or name in (
-        "PermissionDeniedError",
-        "UnauthenticatedError",
-        "InvalidPathError",
-        "NotSupportedError",
-        "UnknownConfigurationKeyError",
-    ):
-        return "fatal"
-    if 400 <= status < 500 and status not in (408, 429):
-        return "fatal"
-    return "retry"
+    """How to take a failed request (``failures``): ``gone`` (404), ``changed`` (412: If-Match failed), ``no-range``
+    (200 or 416 to a Range request), ``fatal`` (a certificate, another 4xx: asking again will not help),
+    ``unreachable`` (refused, no such host), else ``retry`` (resets, timeouts, 5xx, 429)."""
+    if isinstance(exc, (RangeIgnored, SourceChanged)):
+        return FATAL
+    return describe(exc).kind
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
+    """The cause of a failed request for a person: one line, its source named by the caller."""
+    if isinstance(exc, (RangeIgnored, SourceChanged, _NoRange)):
+        return first_line(exc)
+    return describe(exc).cause

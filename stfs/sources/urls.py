@@ -15,10 +15,16 @@ from typing import Any
 
 from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
-from .disk_cache import DiskCache
+from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
+from .failures import describe, first_line
 from .remote import Listing, RemoteFiles, Transport
 
-_HUB_REPO = re.compile(r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<revision>[^/]+))?(?:/(?P<path>.*))?$")
+# A revision ends at the first "/", except the Hub's special refs, whose names hold two (huggingface_hub's
+# HfFileSystem reads them the same way): hf://org/repo@refs/pr/1/sub/x.safetensors is PATH sub/x.safetensors of
+# revision refs/pr/1. Any revision may also be percent-encoded (refs%2Fpr%2F1, a branch feature%2Fx).
+_HUB_REPO = re.compile(
+    r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<revision>refs/pr/\d+|refs/convert/\w+|[^/]+))?(?:/(?P<path>.*))?$"
+)
 
 
 def _client_options(timeout: float, headers: dict[str, str] | None = None, allow_http: bool = True) -> Any:
@@ -67,6 +73,8 @@ class S3Transport(Transport):
         self.bucket = bucket
         self.base = f"s3://{bucket}"
         self.timeout = timeout
+        self._listings: dict[str, list[str]] = {}  # prefix -> its keys: listed once, the mount's snapshot
+        self._listed: dict[str, Listing] = {}  # key -> what the listing said of it
 
     def make_store(self) -> Any:
         from obstore.store import S3Store
@@ -89,8 +97,29 @@ class S3Transport(Transport):
         import obstore
 
         prefix = self.path(key).strip("/")
-        keys = [f"{self.base}/{meta['path']}" for batch in obstore.list(store, prefix or None) for meta in batch]
-        return sorted(key for key in keys if not key.endswith("/"))
+        if prefix in self._listings:
+            return self._listings[prefix]
+        keys = []
+        for batch in obstore.list(store, prefix or None):
+            for meta in batch:
+                found = f"{self.base}/{meta['path']}"
+                if found.endswith("/"):
+                    continue
+                keys.append(found)
+                modified = meta.get("last_modified")
+                etag = meta.get("e_tag")
+                self._listed[found] = Listing(
+                    Kind.FILE,
+                    int(meta["size"]),
+                    etag,
+                    etag,
+                    int(modified.timestamp() * 1e9) if modified is not None else 0,
+                )
+        self._listings[prefix] = sorted(keys)
+        return self._listings[prefix]
+
+    def describe(self, key: str) -> Listing | None:
+        return self._listed.get(key)
 
 
 class HubTransport(Transport):
@@ -105,11 +134,15 @@ class HubTransport(Transport):
         token: str | None,
         timeout: float,
         revision: str | None = None,
+        sizes: dict[str, int] | None = None,
+        mtime_ns: int = 0,
     ) -> None:
         self.repo = repo
         self.commit = commit
         self.revision = revision or commit  # what SOURCE named: a branch moves on, the mount stays at the commit
         self.oids = files  # path -> the Hub's ETag of it at the commit (LFS sha256 or git blob id)
+        self.sizes = sizes or {}  # path -> its size, from the file list
+        self.mtime_ns = mtime_ns  # the repository's last change: every file's mtime when pinned from the list
         self.files = sorted(files)
         self.endpoint = endpoint.rstrip("/")
         self.token = token
@@ -135,7 +168,10 @@ class HubTransport(Transport):
         path = self.path(key).rstrip("/")
         if not path or any(name.startswith(path + "/") for name in self.files):
             return Listing(Kind.FOLDER)
-        return Listing(Kind.FILE if path in self.oids else None)
+        if path not in self.oids:
+            return Listing(None)
+        # A file of a commit never changes: the commit in its URL pins it, no If-Match needed; its oid names it.
+        return Listing(Kind.FILE, self.sizes.get(path), None, self.oids[path] or self.commit, self.mtime_ns)
 
     def still_there(self, store: Any, key: str, etag: str | None, version: str | None, size: int) -> bool:
         """Whether the revision SOURCE named (a branch moves) still holds this file as it was at the pinned commit:
@@ -159,11 +195,15 @@ def open_remote(
     cache_size: int = DEFAULT_CACHE_SIZE,
     timeout: float = DEFAULT_TIMEOUT,
     cache_dir: str | None = None,
+    cache_dir_size: int | None = None,
     ranges_required: bool = False,
 ) -> tuple[RemoteFiles, str]:
     """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision pinned);
     ``ranges_required``: refuse a server that ignores Range (a mount) rather than stream from the start (info)."""
-    disk = DiskCache(cache_dir) if cache_dir else None
+    try:
+        disk = DiskCache(cache_dir, cache_dir_size or DEFAULT_MAX_BYTES) if cache_dir else None
+    except OSError as exc:
+        raise errors.SourceError(f"{cache_dir}: cannot keep a cache there: {exc.strerror or exc}") from None
     transport: Transport
     if text.startswith("hf://"):
         transport, key = _hub(text, timeout)
@@ -195,30 +235,55 @@ def _hub(text: str, timeout: float) -> tuple[HubTransport, str]:
     if match is None:
         raise errors.SourceError(f"{text}: not hf://ORG/REPO[@REVISION][/PATH]")
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import HfHubHTTPError
 
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     token = os.environ.get("HF_TOKEN") or None
-    repo, revision, path = match["repo"], match["revision"] or "main", (match["path"] or "").strip("/")
+    repo, path = match["repo"], (match["path"] or "").strip("/")
+    revision = urllib.parse.unquote(match["revision"] or "main")  # huggingface_hub encodes it again, once
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(
             repo, revision=revision, timeout=timeout, files_metadata=True
         )
-    except HfHubHTTPError as exc:
-        raise errors.SourceError(f"hf://{repo}@{revision}: {_first_line(exc)}") from None
-    except OSError as exc:
-        raise errors.SourceError(f"hf://{repo}@{revision}: cannot reach {endpoint}: {_first_line(exc)}") from None
+    except Exception as exc:  # huggingface_hub's errors, and its HTTP client's (not OSError)
+        raise errors.SourceError(f"hf://{repo}@{revision}: {hub_failure(exc, endpoint, token)}") from None
     files = {
         sibling.rfilename: (sibling.lfs.sha256 if sibling.lfs else sibling.blob_id) or ""
         for sibling in info.siblings or []
     }
-    transport = HubTransport(repo, info.sha or revision, files, endpoint, token, timeout, revision)
+    if not info.sha or not re.fullmatch(r"[0-9a-f]{40}", info.sha):
+        raise errors.SourceError(f"hf://{repo}@{revision}: the Hub did not say which commit it is (no sha)")
+    sizes = {sibling.rfilename: sibling.size for sibling in info.siblings or [] if sibling.size is not None}
+    modified = info.last_modified or info.created_at
+    mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else 0
+    transport = HubTransport(repo, info.sha, files, endpoint, token, timeout, revision, sizes, mtime_ns)
     return transport, transport.base + (f"/{path}" if path else "/")
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
+def hub_failure(exc: BaseException, endpoint: str, token: str | None) -> str:
+    """Why the Hub did not answer as asked, in one line (never the token)."""
+    name = type(exc).__name__
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if name == "GatedRepoError":
+        if token:
+            return "a gated repository: HF_TOKEN's account has not been granted access"
+        return "a gated repository: a token of an account granted access is needed (HF_TOKEN)"
+    if name == "RepositoryNotFoundError":
+        if token:
+            return "no such repository, or HF_TOKEN grants no access to it"
+        return "no such repository, or a private or gated one: a token is needed (HF_TOKEN)"
+    if name.startswith("Hf") and status in (401, 403):
+        if token:
+            return f"the Hub refused HF_TOKEN (HTTP {status})"
+        return f"access denied (HTTP {status}): a token is needed (HF_TOKEN)"
+    if name == "RevisionNotFoundError":
+        return "no such revision (a branch, tag, commit or refs/pr/N)"
+    if name == "DisabledRepoError":
+        return "the repository is disabled"
+    if name == "OfflineModeIsEnabled":
+        return "HF_HUB_OFFLINE is set: stfs reads the Hub over the network"
+    if status is not None or name.startswith("Hf"):
+        return first_line(exc)  # e.g. "500 Server Error: Internal Server Error for url: ..."
+    return f"cannot reach {endpoint}: {describe(exc).cause}"
 
 
 def _without_credentials(url: str) -> str:

@@ -1,0 +1,192 @@
+"""The bounded disk cache (``--cache-dir DIR --cache-dir-size SIZE``, SPEC §7): least recently used pieces go
+first, across the daemons sharing DIR, never one being read; DIR stays within the bound plus one piece per
+daemon; a full disk leaves the daemon serving from memory with one log line; a bad size is a usage error."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from stfs.sources.disk_cache import USAGE_FILE, DiskCache
+from tests.helpers import MountFn, read_cold, run, tensor_path
+from tests.models import tensor_bytes
+from tests.remote_helpers import MIB, big_model
+from tests.servers import Nginx
+
+pytestmark = pytest.mark.timeout(120)
+
+KIB = 1024
+
+
+def folder_bytes(folder: Path) -> int:
+    """What the folder holds in files (pieces, pieces being written), the usage file aside."""
+    total = 0
+    for parent, _, files in os.walk(folder):  # folders that go away mid-walk are skipped
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                if name != USAGE_FILE:
+                    total += os.stat(os.path.join(parent, name)).st_size
+    return total
+
+
+def piece(n: int, size: int = 100 * KIB) -> bytes:
+    return bytes([n % 256]) * size
+
+
+def test_least_recently_used_pieces_go_first(tmp_path: Path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), max_bytes=350 * KIB)
+    for n in range(3):
+        cache.put("k", "v1", n * 100 * KIB, (n + 1) * 100 * KIB, piece(n))
+    assert cache.get("k", "v1", 0, 100 * KIB) == piece(0)  # piece 0 is now the most recently used
+    cache.put("k", "v1", 300 * KIB, 400 * KIB, piece(3))  # 400 KiB > 350: one piece must go, piece 1
+    assert cache.get("k", "v1", 100 * KIB, 200 * KIB) is None
+    for n in (0, 2, 3):
+        assert cache.get("k", "v1", n * 100 * KIB, (n + 1) * 100 * KIB) == piece(n), n
+    assert cache.usage() == folder_bytes(tmp_path / "c") == 300 * KIB
+
+
+def test_a_piece_being_read_is_never_deleted(tmp_path: Path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), max_bytes=250 * KIB)
+    cache.put("k", "v1", 0, 100 * KIB, piece(0))
+    [path] = [p for p in (tmp_path / "c").rglob("0-*")]
+    with open(path, "rb") as reader:  # another daemon in the middle of reading it: its shared lock
+        fcntl.flock(reader, fcntl.LOCK_SH)
+        for n in range(1, 5):
+            cache.put("k", "v1", n * 100 * KIB, (n + 1) * 100 * KIB, piece(n))
+        assert path.exists() and reader.read() == piece(0)
+    assert cache.usage() <= 250 * KIB + 100 * KIB  # the piece kept despite the bound, no more
+
+
+def test_a_folder_kept_before_the_bound_existed_is_counted_and_trimmed(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    unbounded = DiskCache(str(folder), max_bytes=1 << 40)
+    for n in range(10):
+        unbounded.put(f"k{n}", "v", 0, 100 * KIB, piece(n))
+    (folder / USAGE_FILE).unlink()  # as a cache made by an stfs without the count
+    bounded = DiskCache(str(folder), max_bytes=300 * KIB)
+    assert bounded.usage() == 1000 * KIB
+    bounded.put("new", "v", 0, 100 * KIB, piece(99))
+    assert bounded.usage() == folder_bytes(folder) <= 300 * KIB
+    assert bounded.get("new", "v", 0, 100 * KIB) == piece(99)
+
+
+WRITER = """
+import sys
+from stfs.sources.disk_cache import DiskCache
+cache = DiskCache(sys.argv[1], max_bytes=int(sys.argv[2]))
+for n in range(60):
+    data = bytes([n]) * 50_000
+    cache.put(f"{sys.argv[3]}-{n % 20}", "v", 0, len(data), data)
+    got = cache.get(f"{sys.argv[3]}-{(n * 7) % 20}", "v", 0, len(data))
+    assert got is None or got == bytes([got[0]]) * len(data)
+"""
+
+
+def test_processes_sharing_a_folder_keep_within_the_bound(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    bound = 400_000
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(bound), f"p{i}"], env=env) for i in range(3)
+    ]
+    peak = [0]
+    while any(writer.poll() is None for writer in writers):
+        peak.append(folder_bytes(folder) if folder.exists() else 0)
+    assert all(writer.wait() == 0 for writer in writers)
+    assert max(peak) <= bound + 3 * 50_000  # the bound, plus one piece being written per process
+    assert DiskCache(str(folder), bound).usage() == folder_bytes(folder) <= bound
+
+
+# --- two daemons --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sampling(folder: Path) -> Iterator[list[int]]:
+    """The folder's size, sampled every 10 ms for the ``with`` block."""
+    found = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            found.append(folder_bytes(folder) if folder.exists() else 0)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        done.set()
+        thread.join(5)
+
+
+def test_two_daemons_sharing_a_small_cache_dir(nginx: Nginx, mount: MountFn, tmp_path: Path) -> None:
+    local = big_model(tmp_path / "m.safetensors", 8, 3 * MIB + 777)
+    names = [f"layers.{i}.weight" for i in range(8)]
+    expected = {name: tensor_bytes(str(local), name) for name in names}
+    url = nginx.put("m.safetensors", local.read_bytes())
+    cache = tmp_path / "cache"
+    options = [f"cache_dir={cache},cache_dir_size=10M"]
+    first, second = mount(url, options=options), mount(url, options=options)
+
+    def read_all(mnt: str) -> dict[str, bytes]:
+        return {name: read_cold(tensor_path(mnt, name)) for name in names}
+
+    with sampling(cache) as sizes, ThreadPoolExecutor(2) as pool:
+        for _ in range(2):
+            for got in pool.map(read_all, [first, second, first]):
+                assert got == expected
+    assert max(sizes) <= 10 * MIB + 2 * 4 * MIB, f"{max(sizes) / MIB:.1f} MiB"  # plus one block per daemon
+    assert folder_bytes(cache) <= 10 * MIB
+    assert folder_bytes(cache) > 0  # it was used, not skipped
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 6 MiB tmpfs: a disk that fills up (needs root, as mounting tmpfs does)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "small"
+    folder.mkdir()
+    result = run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(folder)])
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        run(["umount", "-l", str(folder)])
+
+
+def test_a_full_disk_leaves_the_daemon_serving_from_memory(
+    nginx: Nginx, small_disk: Path, tmp_path: Path, require_fuse: None
+) -> None:
+    local = big_model(tmp_path / "m.safetensors", 6, 3 * MIB + 99)
+    url = nginx.put("m.safetensors", local.read_bytes())
+    log, mnt = tmp_path / "daemon.log", tmp_path / "mnt"
+    mnt.mkdir()
+    command = ["mount", url, str(mnt), "--cache-dir", str(small_disk), "--cache-dir-size", "1G", "--log-file", str(log)]
+    result = run([sys.executable, "-m", "stfs", *command])
+    assert result.returncode == 0, result.stderr
+    try:
+        for _ in range(2):  # the second time round, some pieces come from the disk, the rest from the server
+            for name in (f"layers.{i}.weight" for i in range(6)):
+                assert read_cold(tensor_path(str(mnt), name)) == tensor_bytes(str(local), name), name
+    finally:
+        run([sys.executable, "-m", "stfs", "unmount", str(mnt)])
+    assert log.read_text().count("is full") == 1, log.read_text()
+    assert folder_bytes(small_disk) > 0
+
+
+@pytest.mark.parametrize("option", [["--cache-dir-size", "10X"], ["--cache-dir-size", "0"], ["-o", "cache_dir_size=a"]])
+def test_a_bad_size_is_a_usage_error(option: list[str], tmp_path: Path) -> None:
+    result = run([sys.executable, "-m", "stfs", "mount", "http://127.0.0.1:1/m.safetensors", str(tmp_path), *option])
+    assert result.returncode == 2, result.stderr
+    assert "cache" in result.stderr and "Traceback" not in result.stderr

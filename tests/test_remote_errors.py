@@ -1,0 +1,183 @@
+"""Remote failures (SPEC §5, §7): whatever goes wrong reaching a source, ``stfs info``, ``check`` and ``mount`` print
+one line that names the source and the cause, exit 1, and never a traceback; a certificate that does not verify
+fails at once and says how to trust it; a token or password is never shown."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import run
+from tests.models import write_numpy
+from tests.servers import BASIC_PASSWORD, BASIC_USER, LOCALHOST, S3, FakeHub, Nginx, free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "hf_stfsErrorTestTokenNeverShown42"
+COMMANDS = ("info", "check", "mount")
+
+
+def one_line(command: str, source: str, tmp_path: Path, *extra: str, timeout: float = 60) -> str:
+    """Run ``stfs COMMAND SOURCE`` (a mount in the background, as a user runs it); assert it failed with exit 1
+    and one line, no traceback; that line."""
+    argv = [sys.executable, "-m", "stfs", command, source, *extra]
+    if command == "mount":
+        mnt = tmp_path / f"mnt-{len(list(tmp_path.glob('mnt-*')))}"
+        mnt.mkdir()
+        argv[5:5] = [str(mnt), "--log-file", str(tmp_path / "daemon.log")]
+    result = run(argv, timeout=timeout)
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 1, output
+    assert "Traceback" not in output and len(output.splitlines()) == 1, output
+    return output
+
+
+def model_bytes(tmp_path: Path) -> bytes:
+    path = tmp_path / "m.safetensors"
+    write_numpy(str(path), {"w": np.arange(100, dtype=np.float32)})
+    return path.read_bytes()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that takes connections (the kernel completes the handshake) and never answers a request."""
+    with socket.create_server((LOCALHOST, 0), backlog=64) as listener:
+        yield int(listener.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_connection_refused(command: str, tmp_path: Path) -> None:
+    source = f"http://{LOCALHOST}:{free_port()}/m.safetensors"
+    # first contact: refused means nothing listens there, so it fails at once (a --timeout of 300 s never runs out)
+    line = one_line(command, source, tmp_path, "--timeout", "300")
+    assert source in line and "connection refused" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_name_that_does_not_resolve(command: str, tmp_path: Path) -> None:
+    source = "http://stfs-no-such-host.invalid/m.safetensors"  # .invalid never resolves (RFC 2606)
+    line = one_line(command, source, tmp_path, "--timeout", "300")
+    assert source in line and "does not resolve" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_certificate_that_does_not_verify_fails_at_once(
+    command: str, nginx: Nginx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert nginx.https_url
+    nginx.put("m.safetensors", model_bytes(tmp_path))
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # the system's CAs only
+        monkeypatch.delenv(name, raising=False)
+    source = f"{nginx.https_url}/m.safetensors"
+    line = one_line(command, source, tmp_path, "--timeout", "300")  # retried, it would outlast run()'s 60 s
+    assert source in line and "certificate" in line and "SSL_CERT_FILE" in line, line
+    assert "UnknownIssuer" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_hub_whose_certificate_does_not_verify(
+    command: str, hub: FakeHub, nginx: Nginx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert nginx.https_url
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", nginx.https_url)
+    line = one_line(command, "hf://org/repo", tmp_path, "--timeout", "300")
+    assert f"hf://org/repo@main: cannot reach {nginx.https_url}: the server's certificate does not verify" in line
+    assert "SSL_CERT_FILE" in line, line
+
+
+def test_the_same_certificate_trusted_through_ssl_cert_file(nginx: Nginx, tmp_path: Path) -> None:
+    assert nginx.https_url
+    nginx.put("m.safetensors", model_bytes(tmp_path))
+    result = run([sys.executable, "-m", "stfs", "check", f"{nginx.https_url}/m.safetensors"])
+    assert result.returncode == 0 and ": ok (1 tensors)" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_password_that_is_missing_or_wrong(command: str, nginx: Nginx, tmp_path: Path) -> None:
+    nginx.put("private/m.safetensors", model_bytes(tmp_path))
+    host = nginx.url.removeprefix("http://")
+    for source in (
+        f"{nginx.url}/private/m.safetensors",
+        f"http://{BASIC_USER}:wrong-{BASIC_PASSWORD}@{host}/private/m.safetensors",
+    ):
+        line = one_line(command, source, tmp_path)
+        assert f"{nginx.url}/private/m.safetensors" in line and "HTTP 401" in line and "credentials" in line
+        assert BASIC_PASSWORD not in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_not_found(command: str, nginx: Nginx, tmp_path: Path) -> None:
+    source = f"{nginx.url}/nope.safetensors"
+    line = one_line(command, source, tmp_path)
+    assert source in line and "no such file" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_server_that_never_answers(command: str, silent_port: int, tmp_path: Path) -> None:
+    source = f"http://{LOCALHOST}:{silent_port}/m.safetensors"
+    line = one_line(command, source, tmp_path, "--timeout", "2")
+    assert source in line and "gave up after 2 s" in line and "no answer" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_hub_unreachable(command: str, hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    endpoint = f"http://{LOCALHOST}:{free_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    line = one_line(command, "hf://org/repo", tmp_path)
+    assert line.endswith(
+        f"hf://org/repo@main: cannot reach {endpoint}: connection refused (nothing listens at that address and port)"
+    ), line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_hub_that_never_answers(
+    command: str, hub: FakeHub, silent_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", f"http://{LOCALHOST}:{silent_port}")
+    line = one_line(command, "hf://org/repo", tmp_path, "--timeout", "2")
+    assert "hf://org/repo@main: cannot reach" in line and "no answer" in line, line
+
+
+@pytest.mark.parametrize("kind", ["private", "gated"])
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_private_or_gated_repository_says_a_token_is_needed(
+    command: str, kind: str, hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.publish_repo("org", "secret", {"model.safetensors": model_bytes(tmp_path)})
+    hub.protect("org", "secret", SECRET, kind)
+    line = one_line(command, "hf://org/secret", tmp_path)
+    assert "hf://org/secret@main" in line and "a token" in line and "HF_TOKEN" in line, line
+    if kind == "gated":
+        assert "gated" in line
+    if command != "info":
+        return  # a wrong token, and the right one, once per kind
+    monkeypatch.setenv("HF_TOKEN", SECRET + "-wrong")
+    line = one_line(command, "hf://org/secret", tmp_path)
+    assert "HF_TOKEN" in line and SECRET not in line, line
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    result = run([sys.executable, "-m", "stfs", "check", "hf://org/secret"])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_repository_the_hub_does_not_have(command: str, hub: FakeHub, tmp_path: Path) -> None:
+    line = one_line(command, "hf://org/nothing-here", tmp_path)
+    assert "hf://org/nothing-here@main: no such repository" in line, line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_s3_without_the_bucket_or_the_server(
+    command: str, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = one_line(command, "s3://no-such-bucket/models/", tmp_path)
+    assert line.endswith("s3://no-such-bucket/models/: no such bucket (HTTP 404)"), line
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{LOCALHOST}:{free_port()}")
+    line = one_line(command, "s3://bucket/m.safetensors", tmp_path, "--timeout", "300")
+    assert line.endswith("s3://bucket/m.safetensors: connection refused (nothing listens at that address and port)")
