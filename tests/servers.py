@@ -1231,10 +1231,10 @@ class FaultProxy:
                 raise EOFError("upstream closed before answering")
             response = _parse_head(raw)
             status = int(response.raw_first.split(" ")[1])
+            if status >= 200 or status == 101:
+                break  # the final head goes out with the body, below
             client.sendall(raw)
             self._bump("bytes", len(raw))
-            if status >= 200 or status == 101:
-                break
         no_body = record.method == "HEAD" or status in (204, 304)
         length = response.get("content-length")
 
@@ -1253,14 +1253,23 @@ class FaultProxy:
             if faults.stall_count > 0 and longer_than(faults.stall_after):
                 faults.stall_count -= 1
                 stall_at, stall_seconds = faults.stall_after, faults.stall_seconds
+        # Every count is made before the bytes it counts go out, and the request is recorded before its last
+        # bytes do: a client that has read the whole answer finds it in stats() and requests() at once.
+        self._bump("bytes", len(raw))
+        client.sendall(raw)
         sent = 0
-        for piece in _body_pieces(upstream, response, no_body):
+        pieces = _body_pieces(upstream, response, no_body)
+        following = next(pieces, None)
+        if following is None:
+            self._record(replace(record, status=status, body_bytes=0, faults=tuple(applied)))
+        while following is not None:
+            piece, following = following, next(pieces, None)
             for cut_at, kind in ((stall_at, "stall"), (reset_at, "reset")):
                 if 0 <= cut_at < sent + len(piece):
                     head_part = piece[: cut_at - sent]
-                    client.sendall(head_part)
                     self._bump("body_bytes", len(head_part))
                     self._bump("bytes", len(head_part))
+                    client.sendall(head_part)
                     sent += len(head_part)
                     piece = piece[len(head_part) :]
                     applied.append(kind)
@@ -1273,11 +1282,12 @@ class FaultProxy:
                     self._bump("stalls")
                     stall_at = -1
                     self._stopping.wait(stall_seconds)
-            client.sendall(piece)
-            sent += len(piece)
             self._bump("body_bytes", len(piece))
             self._bump("bytes", len(piece))
-        self._record(replace(record, status=status, body_bytes=sent, faults=tuple(applied)))
+            sent += len(piece)
+            if following is None:
+                self._record(replace(record, status=status, body_bytes=sent, faults=tuple(applied)))
+            client.sendall(piece)
         framed = no_body or length is not None or "chunked" in (response.get("transfer-encoding") or "").lower()
         return framed and (response.get("connection") or "").lower() != "close"
 
