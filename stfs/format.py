@@ -295,27 +295,25 @@ def _check_json_limits(members: Iterable[tuple[str, Any]], path: str) -> None:
     Numbers are ``_RefusedNumber`` marks, or Python ints of 309 digits or more (which the plain parse keeps).
     """
     for name, value in members:
-        tensor = None if name == "__metadata__" else name
-        where = "in __metadata__: " if tensor is None else ""
+        where = "in __metadata__: " if name == "__metadata__" else ""
         stack = [(value, 2)]
         while stack:
             item, depth = stack.pop()
             kind = type(item)
             if kind is dict or kind is list or kind is _Object:
                 if depth > MAX_NESTING:
-                    raise errors.RecursionLimitExceeded(path, f"{where}{_TOO_DEEP}", tensor)
+                    raise errors.RecursionLimitExceeded(path, f"{where}{_TOO_DEEP}", _tensor(name))
                 inside = item if kind is list else item.values() if kind is dict else (v for _, v in _members(item))
                 stack.extend((inner, depth + 1) for inner in inside)
             elif kind is _RefusedNumber or (kind is int and abs(item) >= _SMALL_ENOUGH):
                 literal = item.literal if kind is _RefusedNumber else str(item)
                 if reference_number(literal) is None:
-                    shown = literal if len(literal) <= 40 else f"{literal[:20]}...({len(literal)} characters)"
-                    raise errors.NumberOutOfRange(path, f"{where}number {shown} is beyond float64", tensor)
+                    raise _out_of_range(path, literal, name)
 
 
-def _nesting_member(text: str) -> str | None:
-    """The first top-level member whose value nests too deeply for Python's parser (a RecursionError), if found."""
-    decoder = json.JSONDecoder(parse_float=_number_marked, parse_constant=_reject_constant)
+def _failing_member(text: str) -> str | None:
+    """The first top-level member whose value the parser gives up on (nesting, a number out of range), if found."""
+    decoder = json.JSONDecoder(parse_float=_number, parse_int=_parse_int, parse_constant=_reject_constant)
     skip = re.compile(r"[ \t\n\r]*")
     index = skip.match(text, 1).end()  # type: ignore[union-attr]  # it matches the empty string at least
     try:
@@ -324,7 +322,7 @@ def _nesting_member(text: str) -> str | None:
             index = skip.match(text, skip.match(text, index).end() + 1).end()  # type: ignore[union-attr]
             try:
                 _, index = decoder.scan_once(text, index)  # type: ignore[attr-defined]
-            except RecursionError:
+            except (RecursionError, _OutOfRange):
                 return str(key)
             index = skip.match(text, index).end()  # type: ignore[union-attr]
             if not text.startswith(",", index):
@@ -333,6 +331,16 @@ def _nesting_member(text: str) -> str | None:
     except (ValueError, StopIteration):
         return None
     return None
+
+
+def _out_of_range(path: str, literal: str, name: str | None) -> errors.NumberOutOfRange:
+    shown = literal if len(literal) <= 40 else f"{literal[:20]}...({len(literal)} characters)"
+    where = "in __metadata__: " if name == "__metadata__" else ""
+    return errors.NumberOutOfRange(path, f"{where}number {shown} is beyond float64", _tensor(name))
+
+
+def _tensor(name: str | None) -> str | None:
+    return None if name == "__metadata__" else name
 
 
 class _Object(dict):
@@ -422,16 +430,17 @@ def _load_json(text: str, path: str) -> Any:
     try:
         try:
             document = _json(text, _object_or_raise)
-        except (_DuplicateKey, _OutOfRange):
+        except _DuplicateKey:
             document = _json(text, _object_marked, marked=True)
             if isinstance(document, _Object):  # what the reference refuses too is said first
                 _check_json_limits(_members(document), path)
             raise _duplicate_error(document, path) from None
+    except _OutOfRange as exc:  # met before any syntax error, as the reference meets it
+        raise _out_of_range(path, str(exc), _failing_member(text)) from None
     except RecursionError:
-        name = _nesting_member(text)
-        tensor = None if name == "__metadata__" else name
+        name = _failing_member(text)
         where = "in __metadata__: " if name == "__metadata__" else ""
-        raise errors.RecursionLimitExceeded(path, f"{where}{_TOO_DEEP}", tensor) from None
+        raise errors.RecursionLimitExceeded(path, f"{where}{_TOO_DEEP}", _tensor(name)) from None
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, or an integer too long to convert
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise errors.InvalidHeaderDeserialization(path, f"invalid JSON: {detail}") from None

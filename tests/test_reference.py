@@ -168,6 +168,14 @@ def test_a_fault_the_reference_sees_first_is_the_one_named(tmp_path: Path) -> No
     assert type(refusal) is errors.RecursionLimitExceeded and refusal.tensor == "b"
 
 
+def test_a_number_out_of_range_before_a_syntax_error_is_named_so(tmp_path: Path) -> None:
+    raw = b'{"a":{"x":-1e999},"b":{"y":[}'
+    path = write_header(str(tmp_path / "order.safetensors"), None, raw=raw)
+    assert not reference_accepts(path)
+    refusal = stfs_refusal(path)
+    assert type(refusal) is errors.NumberOutOfRange and refusal.tensor == "a"
+
+
 # -- repeated keys: what the reference refuses too, and where stfs is stricter (README.md, "Validation") ---------------
 
 ALSO_REFUSED = [  # (header, what stfs says): serde's "duplicate field" in the reference
