@@ -202,6 +202,7 @@ _U64_DIGITS = len(str(U64_MAX))
 _I32_MAX = 2**31 - 1
 _POW10 = tuple(float(f"1e{k}") for k in range(309))  # serde_json's table: correctly rounded literals 1e0..1e308
 _SMALL_ENOUGH = 10**308  # an integer below this has at most 308 digits, which serde_json never finds out of range
+_LONG_INTEGER = re.compile(r"[0-9]{309}")
 _NUMBER = re.compile(r"-?([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?)([0-9]+))?")
 
 
@@ -311,9 +312,15 @@ def _check_json_limits(members: Iterable[tuple[str, Any]], path: str) -> None:
                     raise _out_of_range(path, literal, name)
 
 
-def _failing_member(text: str) -> str | None:
-    """The first top-level member whose value the parser gives up on (nesting, a number out of range), if found."""
-    decoder = json.JSONDecoder(parse_float=_number, parse_int=_parse_int, parse_constant=_reject_constant)
+def _reference_fault(path: str, text: str) -> errors.FormatError | None:
+    """The nesting or number fault the reference meets in ``text`` before any syntax error, if there is one.
+
+    Top-level members are parsed one by one, so the first member to fail is the one named.
+    """
+    long_integers = _LONG_INTEGER.search(text) is not None or not _INT_DIGITS_LIMITED
+    decoder = json.JSONDecoder(
+        parse_float=_number, parse_int=_parse_int if long_integers else None, parse_constant=_reject_constant
+    )
     skip = re.compile(r"[ \t\n\r]*")
     index = skip.match(text, 1).end()  # type: ignore[union-attr]  # it matches the empty string at least
     try:
@@ -321,13 +328,19 @@ def _failing_member(text: str) -> str | None:
             key, index = json.decoder.scanstring(text, index + 1)  # type: ignore[attr-defined]
             index = skip.match(text, skip.match(text, index).end() + 1).end()  # type: ignore[union-attr]
             try:
-                _, index = decoder.scan_once(text, index)  # type: ignore[attr-defined]
-            except (RecursionError, _OutOfRange):
-                return str(key)
+                value, index = decoder.scan_once(text, index)  # type: ignore[attr-defined]
+            except _OutOfRange as exc:
+                return _out_of_range(path, str(exc), key)
+            except RecursionError:
+                where = "in __metadata__: " if key == "__metadata__" else ""
+                return errors.RecursionLimitExceeded(path, f"{where}{_TOO_DEEP}", _tensor(key))
+            _check_json_limits([(key, value)], path)
             index = skip.match(text, index).end()  # type: ignore[union-attr]
             if not text.startswith(",", index):
                 return None
             index = skip.match(text, index + 1).end()  # type: ignore[union-attr]
+    except errors.FormatError as exc:
+        return exc
     except (ValueError, StopIteration):
         return None
     return None
@@ -436,14 +449,15 @@ def _load_json(text: str, path: str) -> Any:
                 _check_json_limits(_members(document), path)
             raise _duplicate_error(document, path) from None
     except _OutOfRange as exc:  # met before any syntax error, as the reference meets it
-        raise _out_of_range(path, str(exc), _failing_member(text)) from None
+        raise _reference_fault(path, text) or _out_of_range(path, str(exc), None) from None
     except RecursionError:
-        name = _failing_member(text)
-        where = "in __metadata__: " if name == "__metadata__" else ""
-        raise errors.RecursionLimitExceeded(path, f"{where}{_TOO_DEEP}", _tensor(name)) from None
+        raise _reference_fault(path, text) or errors.RecursionLimitExceeded(path, _TOO_DEEP) from None
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, or an integer too long to convert
+        # Nesting of 128 to Python's limit, or an integer of 309 digits or more, parse here: the reference refuses them
+        # where they stand, before a later syntax error.
+        fault = _reference_fault(path, text)
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise errors.InvalidHeaderDeserialization(path, f"invalid JSON: {detail}") from None
+        raise fault or errors.InvalidHeaderDeserialization(path, f"invalid JSON: {detail}") from None
     if _SURROGATE_ESCAPE.search(text):
         _reject_surrogates(document, path)
     return document

@@ -168,12 +168,25 @@ def test_a_fault_the_reference_sees_first_is_the_one_named(tmp_path: Path) -> No
     assert type(refusal) is errors.RecursionLimitExceeded and refusal.tensor == "b"
 
 
-def test_a_number_out_of_range_before_a_syntax_error_is_named_so(tmp_path: Path) -> None:
-    raw = b'{"a":{"x":-1e999},"b":{"y":[}'
-    path = write_header(str(tmp_path / "order.safetensors"), None, raw=raw)
-    assert not reference_accepts(path)
-    refusal = stfs_refusal(path)
-    assert type(refusal) is errors.NumberOutOfRange and refusal.tensor == "a"
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("-1e999", errors.NumberOutOfRange),
+        ("9" * 400, errors.NumberOutOfRange),  # an integer Python parses, the reference refuses
+        ("[" * 130 + "]" * 130, errors.RecursionLimitExceeded),  # nesting Python parses, the reference refuses
+    ],
+    ids=["float", "integer", "nesting"],
+)
+def test_a_fault_before_a_syntax_error_is_the_one_named(tmp_path: Path, value: str, error: type) -> None:
+    for raw, named in [
+        ('{"a":{"x":' + value + '},"b":{"y":[}', error),
+        ('{"b":{"y":[},"a":{"x":' + value + "}}", errors.InvalidHeaderDeserialization),
+    ]:
+        path = write_header(str(tmp_path / "order.safetensors"), None, raw=raw.encode())
+        assert not reference_accepts(path)
+        refusal = stfs_refusal(path)
+        assert type(refusal) is named, refusal
+        assert refusal.tensor == ("a" if named is error else None)
 
 
 # -- repeated keys: what the reference refuses too, and where stfs is stricter (README.md, "Validation") ---------------
