@@ -61,9 +61,21 @@ class InvalidHeaderUtf8(FormatError):
 
 
 class InvalidHeaderDeserialization(FormatError):
-    """The header is not valid JSON, or repeats a key."""
+    """The header is not valid JSON as the reference (serde_json) reads it."""
 
     rule = 5
+
+
+class RecursionLimitExceeded(InvalidHeaderDeserialization):
+    """Containers nest 128 deep or more: serde_json's ``RecursionLimitExceeded`` (it allows 127)."""
+
+
+class NumberOutOfRange(InvalidHeaderDeserialization):
+    """A number literal is beyond float64 as serde_json computes it: its ``NumberOutOfRange``."""
+
+
+class DuplicateKey(InvalidHeaderDeserialization):
+    """An object repeats a key (serde's ``duplicate field`` where the reference refuses it; stfs refuses every one)."""
 
 
 class InvalidMetadata(FormatError):

@@ -12,7 +12,7 @@ import math
 import re
 import struct
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,10 +129,17 @@ def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) ->
         document = _load_json(text, path)
     if not isinstance(document, dict):
         raise errors.InvalidHeaderDeserialization(path, "header is not a JSON object")
-    metadata = _check_metadata(document.pop("__metadata__", None), path)
-    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
-    entries = tuple(_check_tensor(name, info, path, shapes) for name, info in document.items())
-    _check_layout(entries, path, data_size=file_size - 8 - len(raw))
+    metadata_value = document.pop("__metadata__", None)
+    try:
+        metadata = _check_metadata(metadata_value, path)
+        shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+        entries = tuple(_check_tensor(name, info, path, shapes) for name, info in document.items())
+        _check_layout(entries, path, data_size=file_size - 8 - len(raw))
+    except errors.FormatError:
+        # The reference reads the whole JSON before it looks at a tensor: nesting or a number it refuses anywhere
+        # is its verdict, whatever else is wrong. Checked here only, as a valid header's shape is known to pass.
+        _check_json_limits([("__metadata__", metadata_value), *document.items()], path)
+        raise
     return Header(
         path=path,
         header_length=len(raw),
@@ -148,6 +155,7 @@ def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) ->
 _ENTRY_SETTERS = tuple(TensorEntry.__dict__[field].__set__ for field in ("name", "dtype", "shape", "begin", "end"))
 _NEGATIVE = re.compile(rb"[:\[,][ \t\n\r]*-")  # a negative number: never valid, left to the exact parse
 _DTYPE_NAMES = {name: name for name in DTYPE_BITS}  # one shared str per dtype, whatever the header spelled
+_TENSOR_MEMBERS = frozenset(("dtype", "shape", "data_offsets"))
 
 
 def _load_plain(raw: bytes, text: str) -> dict[str, Any] | None:
@@ -164,8 +172,8 @@ def _load_plain(raw: bytes, text: str) -> dict[str, Any] | None:
     if not _INT_DIGITS_LIMITED:  # int() of a huge digit run would be quadratic: only _json guards it
         return None
     try:
-        document = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
+        document = _PLAIN_DECODER.decode(text)
+    except (ValueError, RecursionError, _OutOfRange):
         return None
     if type(document) is not dict:
         return None
@@ -186,10 +194,177 @@ def header_digest(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
+# -- JSON as the reference (serde_json) reads it ---------------------------------------------------------------------
+
+MAX_NESTING = 127  # serde_json refuses a 128th container nested in the others (the header's own object counts)
+_TOO_DEEP = f"containers nest more than {MAX_NESTING} deep, the reference's limit"
+_U64_DIGITS = len(str(U64_MAX))
+_I32_MAX = 2**31 - 1
+_POW10 = tuple(float(f"1e{k}") for k in range(309))  # serde_json's table: correctly rounded literals 1e0..1e308
+_SMALL_ENOUGH = 10**308  # an integer below this has at most 308 digits, which serde_json never finds out of range
+_LONG_INTEGER = re.compile(r"[0-9]{309}")
+_NUMBER = re.compile(r"-?([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?)([0-9]+))?")
+
+
+def reference_number(literal: str) -> float | None:
+    """The float64 serde_json makes of a JSON number ``literal``, or ``None`` where it says "number out of range".
+
+    Not a correctly rounded parse (serde_json's default, without ``float_roundtrip``): it keeps the leading digits
+    that fit in a u64, drops the others (an integer part's still count in the exponent), and multiplies or
+    divides by one power of ten from its table, refusing an infinite product. So its largest number is below
+    float64's: ``1.7976931348623158e308``, which Python rounds to the largest float, is out of range.
+    """
+    match = _NUMBER.fullmatch(literal)
+    if match is None:
+        raise ValueError(f"not a JSON number: {literal[:40]!r}")
+    integer, fraction, exponent_sign, exponent_digits = match.groups()
+    significand, taken = _take_digits(0, integer)
+    exponent = len(integer) - taken
+    if fraction:
+        significand, taken = _take_digits(significand, fraction)
+        exponent -= taken
+    if exponent_digits is not None:
+        digits = exponent_digits.lstrip("0") or "0"
+        value = int(digits) if len(digits) <= 10 else _I32_MAX + 1  # int() of a long run would be refused
+        if value > _I32_MAX:  # serde_json gives up on an exponent beyond i32
+            if significand != 0 and exponent_sign != "-":
+                return None
+            return -0.0 if literal.startswith("-") else 0.0
+        exponent = exponent - value if exponent_sign == "-" else exponent + value
+        exponent = max(-_I32_MAX - 1, min(_I32_MAX, exponent))  # saturating, as serde_json adds
+    result = float(significand)
+    while True:
+        if abs(exponent) < len(_POW10):
+            if exponent >= 0:
+                result *= _POW10[exponent]
+                if math.isinf(result):
+                    return None
+            else:
+                result /= _POW10[-exponent]
+            break
+        if result == 0.0:
+            break
+        if exponent >= 0:
+            return None
+        result /= 1e308
+        exponent += 308
+    return -result if literal.startswith("-") else result
+
+
+def _take_digits(significand: int, digits: str) -> tuple[int, int]:
+    """``significand`` with the leading ``digits`` appended while it fits in a u64, and how many were taken."""
+    zeros = 0
+    if significand == 0:  # zeros after "0." keep it 0: a run of them is taken whole (it may be 100 MB long)
+        zeros = len(digits) - len(digits.lstrip("0"))
+        digits = digits[zeros:]
+    taken = 0
+    for digit in digits[: _U64_DIGITS + 1]:
+        grown = significand * 10 + ord(digit) - 48
+        if grown > U64_MAX:
+            break
+        significand = grown
+        taken += 1
+    return significand, zeros + taken
+
+
+class _OutOfRange(Exception):
+    """A number literal the reference refuses, met while parsing (the exact parse then marks where it is)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _RefusedNumber:
+    """Stands in the parsed document for a number literal the reference refuses, to find the tensor it is in."""
+
+    literal: str
+
+
+def _number(literal: str) -> float:
+    value = reference_number(literal)
+    if value is None:
+        raise _OutOfRange(literal)
+    return value
+
+
+def _number_marked(literal: str) -> float | _RefusedNumber:
+    value = reference_number(literal)
+    return _RefusedNumber(literal) if value is None else value
+
+
+def _check_json_limits(members: Iterable[tuple[str, Any]], path: str) -> None:
+    """Raise what the reference's parse would for these top-level members: nesting past 127, a number out of range.
+
+    Numbers are ``_RefusedNumber`` marks, or Python ints of 309 digits or more (which the plain parse keeps).
+    """
+    for name, value in members:
+        where = "in __metadata__: " if name == "__metadata__" else ""
+        stack = [(value, 2)]
+        while stack:
+            item, depth = stack.pop()
+            kind = type(item)
+            if kind is dict or kind is list or kind is _Object:
+                if depth > MAX_NESTING:
+                    raise errors.RecursionLimitExceeded(path, f"{where}{_TOO_DEEP}", _tensor(name))
+                inside = item if kind is list else item.values() if kind is dict else (v for _, v in _members(item))
+                stack.extend((inner, depth + 1) for inner in inside)
+            elif kind is _RefusedNumber or (kind is int and abs(item) >= _SMALL_ENOUGH):
+                literal = item.literal if kind is _RefusedNumber else str(item)
+                if reference_number(literal) is None:
+                    raise _out_of_range(path, literal, name)
+
+
+def _reference_fault(path: str, text: str) -> errors.FormatError | None:
+    """The nesting or number fault the reference meets in ``text`` before any syntax error, if there is one.
+
+    Top-level members are parsed one by one, so the first member to fail is the one named.
+    """
+    long_integers = _LONG_INTEGER.search(text) is not None or not _INT_DIGITS_LIMITED
+    decoder = json.JSONDecoder(
+        parse_float=_number, parse_int=_parse_int if long_integers else None, parse_constant=_reject_constant
+    )
+    skip = re.compile(r"[ \t\n\r]*")
+    index = skip.match(text, 1).end()  # type: ignore[union-attr]  # it matches the empty string at least
+    try:
+        while text.startswith('"', index):
+            key, index = json.decoder.scanstring(text, index + 1)  # type: ignore[attr-defined]
+            index = skip.match(text, skip.match(text, index).end() + 1).end()  # type: ignore[union-attr]
+            try:
+                value, index = decoder.scan_once(text, index)  # type: ignore[attr-defined]
+            except _OutOfRange as exc:
+                return _out_of_range(path, str(exc), key)
+            except RecursionError:
+                where = "in __metadata__: " if key == "__metadata__" else ""
+                return errors.RecursionLimitExceeded(path, f"{where}{_TOO_DEEP}", _tensor(key))
+            _check_json_limits([(key, value)], path)
+            index = skip.match(text, index).end()  # type: ignore[union-attr]
+            if not text.startswith(",", index):
+                return None
+            index = skip.match(text, index + 1).end()  # type: ignore[union-attr]
+    except errors.FormatError as exc:
+        return exc
+    except (ValueError, StopIteration):
+        return None
+    return None
+
+
+def _out_of_range(path: str, literal: str, name: str | None) -> errors.NumberOutOfRange:
+    shown = literal if len(literal) <= 40 else f"{literal[:20]}...({len(literal)} characters)"
+    where = "in __metadata__: " if name == "__metadata__" else ""
+    return errors.NumberOutOfRange(path, f"{where}number {shown} is beyond float64", _tensor(name))
+
+
+def _tensor(name: str | None) -> str | None:
+    return None if name == "__metadata__" else name
+
+
 class _Object(dict):
     """A parsed JSON object that remembers its first duplicate key (the parse goes on, to say where it is)."""
 
     duplicate: str | None = None
+    pairs: list[tuple[str, Any]] | None = None  # every member, where a duplicate hides one from the dict
+
+
+def _members(value: _Object) -> list[tuple[str, Any]]:
+    return value.pairs if value.pairs is not None else list(value.items())
 
 
 def _object_or_raise(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -206,6 +381,7 @@ def _object_marked(pairs: list[tuple[str, Any]]) -> _Object:
         for key, _ in pairs:
             if key in seen:
                 result.duplicate = key
+                result.pairs = pairs
                 break
             seen.add(key)
     return result
@@ -218,9 +394,17 @@ class _DuplicateKey(Exception):
 def _parse_int(literal: str) -> int | float:
     # As serde_json does for the reference: "-0" and integers beyond 64 bits are floats, so never a shape or an
     # offset; this also keeps int() away from 100 MB digit strings, whose conversion is quadratic.
-    if literal == "-0" or len(literal) > 20:
-        return float(literal)
+    if literal == "-0":
+        return -0.0
+    if len(literal) > _U64_DIGITS:
+        return _number(literal)
     return int(literal)
+
+
+def _parse_int_marked(literal: str) -> int | float | _RefusedNumber:
+    if literal == "-0" or len(literal) <= _U64_DIGITS:
+        return _parse_int(literal)
+    return _number_marked(literal)
 
 
 def _reject_constant(name: str) -> Any:
@@ -231,19 +415,28 @@ def _reject_constant(name: str) -> Any:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # Without a limit on int() digits (Python 3.10, or PYTHONINTMAXSTRDIGITS=0) every integer goes through _parse_int.
 _INT_DIGITS_LIMITED = getattr(sys, "get_int_max_str_digits", lambda: 0)() > 0
+_PLAIN_DECODER = json.JSONDecoder(parse_float=_number, parse_constant=_reject_constant)
 
 
-def _json(text: str, hook: Any) -> Any:
+def _json(text: str, hook: Any, marked: bool = False) -> Any:
     # _parse_int costs a Python call per integer, so it is used only when an integer might need it.
     careful = "-0" in text or not _INT_DIGITS_LIMITED
+    parse_int = _parse_int_marked if marked else _parse_int
+    parse_float = _number_marked if marked else _number
     try:
         return json.loads(
-            text, object_pairs_hook=hook, parse_constant=_reject_constant, parse_int=_parse_int if careful else None
+            text,
+            object_pairs_hook=hook,
+            parse_constant=_reject_constant,
+            parse_float=parse_float,
+            parse_int=parse_int if careful else None,
         )
     except ValueError as exc:
         if careful or "integer string conversion" not in str(exc):
             raise
-    return json.loads(text, object_pairs_hook=hook, parse_constant=_reject_constant, parse_int=_parse_int)
+    return json.loads(
+        text, object_pairs_hook=hook, parse_constant=_reject_constant, parse_float=parse_float, parse_int=parse_int
+    )
 
 
 def _load_json(text: str, path: str) -> Any:
@@ -251,13 +444,20 @@ def _load_json(text: str, path: str) -> Any:
         try:
             document = _json(text, _object_or_raise)
         except _DuplicateKey:
-            document = _json(text, _object_marked)
+            document = _json(text, _object_marked, marked=True)
+            if isinstance(document, _Object):  # what the reference refuses too is said first
+                _check_json_limits(_members(document), path)
             raise _duplicate_error(document, path) from None
+    except _OutOfRange as exc:  # met before any syntax error, as the reference meets it
+        raise _reference_fault(path, text) or _out_of_range(path, str(exc), None) from None
     except RecursionError:
-        raise errors.InvalidHeaderDeserialization(path, "JSON nested too deeply") from None
+        raise _reference_fault(path, text) or errors.RecursionLimitExceeded(path, _TOO_DEEP) from None
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, or an integer too long to convert
+        # Nesting of 128 to Python's limit, or an integer of 309 digits or more, parse here: the reference refuses them
+        # where they stand, before a later syntax error.
+        fault = _reference_fault(path, text)
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise errors.InvalidHeaderDeserialization(path, f"invalid JSON: {detail}") from None
+        raise fault or errors.InvalidHeaderDeserialization(path, f"invalid JSON: {detail}") from None
     if _SURROGATE_ESCAPE.search(text):
         _reject_surrogates(document, path)
     return document
@@ -281,17 +481,19 @@ def _first_duplicate(value: Any) -> str | None:
 
 
 def _duplicate_error(document: Any, path: str) -> errors.FormatError:
-    """Name the tensor whose info holds the duplicate key, or the duplicated tensor name itself."""
+    """Name what is duplicated: a key inside a tensor's info or ``__metadata__``, a tensor name, ``__metadata__``."""
     if isinstance(document, _Object):
         for name, value in document.items():
             inner = _first_duplicate(value)
             if inner is not None and name == "__metadata__":
-                return errors.InvalidHeaderDeserialization(path, f"duplicate key {inner!r} in __metadata__")
+                return errors.DuplicateKey(path, f"key {inner!r} appears twice in __metadata__")
             if inner is not None:
-                return errors.InvalidHeaderDeserialization(path, f"duplicate key {inner!r}", name)
+                return errors.DuplicateKey(path, f"key {inner!r} appears twice in the tensor's info", name)
+        if document.duplicate == "__metadata__":
+            return errors.DuplicateKey(path, "__metadata__ appears twice")
         if document.duplicate is not None:
-            return errors.InvalidHeaderDeserialization(path, "tensor name appears twice", document.duplicate)
-    return errors.InvalidHeaderDeserialization(path, f"duplicate key {_first_duplicate(document)!r}")
+            return errors.DuplicateKey(path, "tensor name appears twice", document.duplicate)
+    return errors.DuplicateKey(path, f"key {_first_duplicate(document)!r} appears twice")
 
 
 def _reject_surrogates(document: Any, path: str) -> None:
@@ -333,6 +535,8 @@ def _check_tensor(name: str, info: Any, path: str, shapes: dict[tuple[int, ...],
     """Rules 7-9 for one tensor (and rule 10's begin <= end); ``shapes`` shares equal shape tuples."""
     if not isinstance(info, dict):
         raise errors.MalformedTensorInfo(path, "tensor info is not a JSON object", name)
+    if len(info) > len(_TENSOR_MEMBERS):  # members the reference ignores, but still parses
+        _check_json_limits([(name, {k: v for k, v in info.items() if k not in _TENSOR_MEMBERS})], path)
     dtype = info.get("dtype")
     if type(dtype) is not str or dtype not in DTYPE_BITS:
         raise errors.MalformedTensorInfo(path, f"unknown dtype {_short(dtype)}", name)

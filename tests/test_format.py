@@ -141,24 +141,30 @@ def test_rule5_invalid_json(tmp_path: Path, raw: bytes) -> None:
 def test_rule5_duplicate_tensor_name(tmp_path: Path) -> None:
     entry = json.dumps(tensor("U8", [2], 0, 2))
     raw = f'{{"w":{entry},"w":{entry}}}'.encode()
-    refused(broken(tmp_path, raw=raw, data=b"ab"), errors.InvalidHeaderDeserialization, 5, tensor="w")
+    exc = refused(broken(tmp_path, raw=raw, data=b"ab"), errors.DuplicateKey, 5, tensor="w")
+    assert "tensor name appears twice" in exc.message
+
+
+def test_rule5_second_metadata_is_named_as_such(tmp_path: Path) -> None:
+    exc = refused(broken(tmp_path, raw=b'{"__metadata__":{},"__metadata__":{"a":"b"}}'), errors.DuplicateKey, 5)
+    assert "__metadata__ appears twice" in exc.message and "tensor name" not in exc.message
 
 
 def test_rule5_duplicate_key_inside_a_tensor(tmp_path: Path) -> None:
     raw = b'{"w":{"dtype":"U8","shape":[2],"dtype":"U8","data_offsets":[0,2]}}'
-    exc = refused(broken(tmp_path, raw=raw, data=b"ab"), errors.InvalidHeaderDeserialization, 5, tensor="w")
+    exc = refused(broken(tmp_path, raw=raw, data=b"ab"), errors.DuplicateKey, 5, tensor="w")
     assert "'dtype'" in exc.message
 
 
 def test_rule5_duplicate_key_deep_inside_an_ignored_member(tmp_path: Path) -> None:
     raw = b'{"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"extra":[{"k":1,"k":2}]}}'
-    exc = refused(broken(tmp_path, raw=raw, data=b"ab"), errors.InvalidHeaderDeserialization, 5, tensor="w")
+    exc = refused(broken(tmp_path, raw=raw, data=b"ab"), errors.DuplicateKey, 5, tensor="w")
     assert "'k'" in exc.message
 
 
 def test_rule5_duplicate_metadata_key(tmp_path: Path) -> None:
     raw = b'{"__metadata__":{"format":"pt","format":"np"}}'
-    exc = refused(broken(tmp_path, raw=raw), errors.InvalidHeaderDeserialization, 5)
+    exc = refused(broken(tmp_path, raw=raw), errors.DuplicateKey, 5)
     assert "'format'" in exc.message and "__metadata__" in exc.message
 
 
@@ -616,14 +622,15 @@ def test_deeply_nested_json(tmp_path: Path, opener: bytes) -> None:
     depth = 100_000
     raw = b'{"w":{"dtype":"U8","shape":[0],"data_offsets":[0,0],"x":' + opener * depth + b"1" * (opener != b"[")
     raw += closer * depth + b"}}"
-    exc = refused(broken(tmp_path, raw=raw), errors.InvalidHeaderDeserialization, 5)
+    exc = refused(broken(tmp_path, raw=raw), errors.RecursionLimitExceeded, 5, "w")
     assert "deep" in exc.message
 
 
 @pytest.mark.timeout(30)
 def test_deeply_nested_metadata_value(tmp_path: Path) -> None:
     raw = b'{"__metadata__":{"k":' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
-    refused(broken(tmp_path, raw=raw), errors.InvalidHeaderDeserialization, 5)
+    exc = refused(broken(tmp_path, raw=raw), errors.RecursionLimitExceeded, 5)
+    assert "__metadata__" in exc.message
 
 
 @pytest.mark.timeout(60)
@@ -662,8 +669,15 @@ def test_shape_of_millions_of_ones(tmp_path: Path) -> None:
 def test_huge_integer_literals(tmp_path: Path) -> None:
     digits = b"9" * 1_000_000
     raw = b'{"w":{"dtype":"U8","shape":[' + digits + b'],"data_offsets":[0,1]}}'
-    refused(broken(tmp_path, raw=raw, data=b"x"), errors.MalformedTensorInfo, 7, "w")
+    refused(broken(tmp_path, raw=raw, data=b"x"), errors.NumberOutOfRange, 5, "w")
     raw = b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":' + digits + b"}}"
+    exc = refused(broken(tmp_path, raw=raw, data=b"x"), errors.NumberOutOfRange, 5, "w")
+    assert "1000000 characters" in exc.message
+    raw = b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":0.' + b"0" * 1_000_000 + b"1e-5}}"
+    assert read_header(broken(tmp_path, raw=raw, data=b"x")).tensors[0].size == 1
+    raw = b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1e' + digits + b"}}"
+    refused(broken(tmp_path, raw=raw, data=b"x"), errors.NumberOutOfRange, 5, "w")
+    raw = b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1e-' + digits + b"}}"
     assert read_header(broken(tmp_path, raw=raw, data=b"x")).tensors[0].size == 1
 
 
