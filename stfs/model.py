@@ -127,8 +127,14 @@ def source_files(key: str, source: ByteSource, models: list[Model]) -> list[Sour
 
 
 def read_header(key: str, source: ByteSource | None = None) -> Header:
-    """Read and validate the header of the safetensors file ``key`` of ``source`` (default: a local path)."""
-    source = source or LocalFiles()
+    """Read and validate the header of the safetensors file ``key`` of ``source`` (default: a local path, whose
+    descriptor is closed after it)."""
+    if source is None:
+        own = LocalFiles()
+        try:
+            return read_header(key, own)
+        finally:
+            own.close()
     try:
         info = source.stat(key)
     except OSError as exc:

@@ -12,7 +12,7 @@ import pytest
 
 from stfs import errors
 from stfs.errors import InvalidModel
-from stfs.model import Model, ModelSource, discover, load, resolve
+from stfs.model import Model, ModelSource, discover, load, read_header, resolve
 from stfs.views import merged_header
 from tests.models import rich_arrays, sharded_arrays, tensor_bytes, write_header, write_numpy, write_sharded
 
@@ -61,6 +61,15 @@ def test_single_file(tmp_path: Path) -> None:
     assert {t.name for t in model.tensors} == set(arrays)
     assert model.data_size == sum(a.nbytes for a in arrays.values())
     assert model.warnings == ()
+
+
+def test_read_header_of_a_path_keeps_no_descriptor(tmp_path: Path) -> None:
+    # read_header(path) opens a source of its own: a long-lived caller (a fuzzer, a server) must not run out of them
+    path = write_numpy(tmp_path / "m.safetensors", small())
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        assert [entry.name for entry in read_header(str(path)).tensors] == ["b", "w"]
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_relative_source_becomes_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
