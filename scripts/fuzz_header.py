@@ -18,6 +18,9 @@ Each input's first byte picks a mode:
 4. a sharded set: an index (built or raw) + shards written to a temp folder ->
    ``stfs.model.load`` on the index, or ``stfs.model.resolve`` on the folder (discovery, stray
    files as models of their own), then ``merged_header`` and ``build_tree``
+
+Every tree built is also handed to ``stfs._native`` (where it is built): its tables must take it, and a C lookup
+of every path must find the inode the tree has there.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ if {"--replay", "--line-coverage"} & set(sys.argv):  # plain bytecode, so line t
 else:
     with atheris.instrument_imports(include=["stfs"]):
         from stfs import errors, format, model, tree, views
+
+try:
+    from stfs import _native  # type: ignore[attr-defined]
+    from stfs.nodes import DirNode, FileNode, Range
+except ImportError:  # not built: the Python trees alone
+    _native = None
 
 DTYPES = list(format.DTYPE_BITS)
 ODD_NAMES = [
@@ -246,7 +255,7 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
     if fdp.ConsumeBool():
         loaded = model.load(model.ModelSource(name="", path=index_path))
         views.merged_header(loaded)
-        views.build_tree([loaded], layout)
+        checked_in_c(views.build_tree([loaded], layout))
     else:  # the folder as a SOURCE: discovery, stray shards as models of their own, one folder per model
         if fdp.ConsumeBool():
             stray = os.path.join(folder, fdp.PickValueInList(["b.safetensors", "sub/c.safetensors", "x.index.json"]))
@@ -257,7 +266,33 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
         for loaded in models:
             if loaded.is_sharded:
                 views.merged_header(loaded)
-        views.build_tree(models, layout)
+        checked_in_c(views.build_tree(models, layout))
+
+
+def checked_in_c(built: tree.Tree) -> tree.Tree:
+    """``built``, after checking that stfs._native's tables hold it: a C lookup of each path finds its inode."""
+    if _native is None:
+        return built
+    _native.build(built.root, DirNode, FileNode, Range, built.inode_limit, True)
+    try:
+        pending: list[tuple[bytes, DirNode]] = [(b"", built.root)]
+        while pending:
+            path, folder = pending.pop()
+            for name, node in folder.children.items():
+                try:
+                    full = path + b"/" + name.encode("utf-8", "surrogateescape")
+                except UnicodeEncodeError:  # no path the kernel sends can name it
+                    continue
+                found = _native.lookup(full)
+                if found != node.inode:
+                    raise AssertionError(f"C lookup of {full!r}: inode {found}, the tree has {node.inode}")
+                if isinstance(node, DirNode):
+                    pending.append((full, node))
+        if _native.lookup(b"/") != 1:
+            raise AssertionError("C lookup of / is not the root")
+    finally:
+        _native.close()
+    return built
 
 
 def one_input(data: bytes, scratch: str) -> None:
@@ -276,7 +311,7 @@ def one_input(data: bytes, scratch: str) -> None:
             raw, size = _built_header(fdp)
             header = format.parse_header(raw, path=path, file_size=8 + len(raw) + size)
             _write_safetensors(path, raw, size)
-            views.build_tree(model.resolve(path), fdp.PickValueInList(["nested", "flat"]))
+            checked_in_c(views.build_tree(model.resolve(path), fdp.PickValueInList(["nested", "flat"])))
             assert header.tensors is not None
         elif mode == 3:
             raw = _nested(fdp)
