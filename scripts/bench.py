@@ -272,7 +272,8 @@ class Mount:
             command += ["-o", option]
         env = dict(environment(), STFS_STATS=self.stats_path) if stats else environment()
         started = time.perf_counter()
-        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        # cwd: `python -m stfs` puts the current folder first on sys.path, ahead of PYTHONPATH
+        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=STFS_REPO[0])
         self.seconds = time.perf_counter() - started
         if result.returncode != 0 or not os.path.ismount(mountpoint):
             raise RuntimeError(f"stfs mount failed: {result.stderr.strip()}")

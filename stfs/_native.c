@@ -20,6 +20,7 @@
 #define FUSE_USE_VERSION 31
 #define _GNU_SOURCE
 #include <Python.h>
+#include <structmember.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -524,8 +525,38 @@ static int add_name(const char *name, size_t len) {
     return 0;
 }
 
-static int attr_int64(PyObject *object, PyObject *name, int64_t *out) {
-    PyObject *value = PyObject_GetAttr(object, name);
+/* Where the __slots__ member name of type keeps its value in an instance (-1: not a plain slot). The tree's
+ * classes are slotted: reading the slot at its offset is a tenth of PyObject_GetAttr, and build() reads five
+ * for each of hundreds of thousands of nodes. */
+static Py_ssize_t slot_offset(PyObject *type, PyObject *name) {
+    PyObject *descriptor = PyObject_GetAttr(type, name);
+    Py_ssize_t offset = -1;
+    if (descriptor == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) offset = member->offset;
+    }
+    Py_DECREF(descriptor);
+    return offset;
+}
+
+/* A new reference to object.name: from its slot at offset, or by attribute lookup. */
+static PyObject *get(PyObject *object, Py_ssize_t offset, PyObject *name) {
+    if (offset < 0) return PyObject_GetAttr(object, name);
+    PyObject *value = *(PyObject **)((char *)object + offset);
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "%S has no value for %S", Py_TYPE(object), name);
+        return NULL;
+    }
+    Py_INCREF(value);
+    return value;
+}
+
+static int get_int64(PyObject *object, Py_ssize_t offset, PyObject *name, int64_t *out) {
+    PyObject *value = get(object, offset, name);
     if (!value) return -1;
     long long number = PyLong_AsLongLong(value);
     Py_DECREF(value);
@@ -571,13 +602,22 @@ static PyObject *build(PyObject *self, PyObject *args) {
         goto fail;
     }
     g.names_len = 1;
+    Py_ssize_t dir_inode = slot_offset(dir_type, s_inode), dir_mtime = slot_offset(dir_type, s_mtime_ns),
+               dir_children = slot_offset(dir_type, s_children), file_inode = slot_offset(file_type, s_inode),
+               file_mtime = slot_offset(file_type, s_mtime_ns), file_size = slot_offset(file_type, s_size),
+               file_segments = slot_offset(file_type, s_segments), range_key = slot_offset(range_type, s_key),
+               range_offset = slot_offset(range_type, s_offset);
+    if ((PyObject *)Py_TYPE(root) != dir_type) {
+        PyErr_SetString(PyExc_TypeError, "the root is not a folder");
+        goto fail;
+    }
     int64_t value;
-    if (attr_int64(root, s_inode, &value) < 0) goto fail;
+    if (get_int64(root, dir_inode, s_inode, &value) < 0) goto fail;
     if (value != 1) {
         PyErr_SetString(PyExc_ValueError, "the root is not inode 1");
         goto fail;
     }
-    if (attr_int64(root, s_mtime_ns, &g.nodes[1].mtime_ns) < 0) goto fail;
+    if (get_int64(root, dir_mtime, s_mtime_ns, &g.nodes[1].mtime_ns) < 0) goto fail;
     g.nodes[1].parent = 1;
     g.nodes[1].kind = DIR_NATIVE;
     if (PyList_Append(queue, root) < 0) goto fail;
@@ -586,9 +626,9 @@ static PyObject *build(PyObject *self, PyObject *args) {
     for (Py_ssize_t next = 0; next < PyList_GET_SIZE(queue); next++) {
         PyObject *folder = PyList_GET_ITEM(queue, next);
         int64_t folder_inode;
-        if (attr_int64(folder, s_inode, &folder_inode) < 0) goto fail;
+        if (get_int64(folder, dir_inode, s_inode, &folder_inode) < 0) goto fail;
         node_t *parent = &g.nodes[folder_inode];
-        PyObject *entries = PyObject_GetAttr(folder, s_children);
+        PyObject *entries = get(folder, dir_children, s_children);
         if (!entries) goto fail;
         if (!PyDict_Check(entries)) {
             Py_DECREF(entries);
@@ -605,8 +645,14 @@ static PyObject *build(PyObject *self, PyObject *args) {
         Py_ssize_t position = 0;
         PyObject *name, *entry;
         while (PyDict_Next(entries, &position, &name, &entry)) {
+            int is_folder = (PyObject *)Py_TYPE(entry) == dir_type;
+            if (!is_folder && (PyObject *)Py_TYPE(entry) != file_type) {
+                Py_DECREF(entries);
+                PyErr_SetString(PyExc_TypeError, "an entry is neither a folder nor a file");
+                goto fail;
+            }
             int64_t inode;
-            if (attr_int64(entry, s_inode, &inode) < 0) {
+            if (get_int64(entry, is_folder ? dir_inode : file_inode, s_inode, &inode) < 0) {
                 Py_DECREF(entries);
                 goto fail;
             }
@@ -618,26 +664,32 @@ static PyObject *build(PyObject *self, PyObject *args) {
             node_t *node = &g.nodes[inode];
             g.children[filled++] = (uint32_t)inode;
             node->parent = (uint32_t)folder_inode;
-            if (attr_int64(entry, s_mtime_ns, &node->mtime_ns) < 0) {
+            if (get_int64(entry, is_folder ? dir_mtime : file_mtime, s_mtime_ns, &node->mtime_ns) < 0) {
                 Py_DECREF(entries);
                 goto fail;
             }
-            PyObject *encoded = PyUnicode_Check(name) ? PyUnicode_AsEncodedString(name, "utf-8", "surrogateescape")
-                                                      : NULL;
-            if (encoded && PyBytes_GET_SIZE(encoded) <= 255 && PyBytes_GET_SIZE(encoded) > 0 &&
-                !memchr(PyBytes_AS_STRING(encoded), '/', (size_t)PyBytes_GET_SIZE(encoded)) &&
-                !memchr(PyBytes_AS_STRING(encoded), '\0', (size_t)PyBytes_GET_SIZE(encoded))) {
-                size_t len = (size_t)PyBytes_GET_SIZE(encoded);
+            PyObject *encoded = NULL; /* names kept as str are encoded as mfusepy decodes paths */
+            const char *bytes = NULL;
+            Py_ssize_t len = 0;
+            if (PyUnicode_Check(name) && PyUnicode_IS_COMPACT_ASCII(name)) {
+                bytes = PyUnicode_DATA(name); /* ASCII is its own UTF-8 */
+                len = PyUnicode_GET_LENGTH(name);
+            } else if (PyUnicode_Check(name) &&
+                       (encoded = PyUnicode_AsEncodedString(name, "utf-8", "surrogateescape")) != NULL) {
+                bytes = PyBytes_AS_STRING(encoded);
+                len = PyBytes_GET_SIZE(encoded);
+            }
+            if (bytes && len > 0 && len <= 255 && !memchr(bytes, '/', (size_t)len) && !memchr(bytes, '\0', (size_t)len)) {
                 node->name = (uint32_t)g.names_len;
                 node->name_len = (uint8_t)len;
-                if (g.names_len + len + 1 > UINT32_MAX || add_name(PyBytes_AS_STRING(encoded), len) < 0) {
-                    Py_DECREF(encoded);
+                if (g.names_len + (size_t)len + 1 > UINT32_MAX || add_name(bytes, (size_t)len) < 0) {
+                    Py_XDECREF(encoded);
                     Py_DECREF(entries);
                     PyErr_NoMemory();
                     goto fail;
                 }
-                g.names_len += len + 1;
-                uint32_t slot = hash_name((uint32_t)folder_inode, PyBytes_AS_STRING(encoded), len) & g.slot_mask;
+                g.names_len += (size_t)len + 1;
+                uint32_t slot = hash_name((uint32_t)folder_inode, bytes, (size_t)len) & g.slot_mask;
                 while (g.slots[slot]) slot = (slot + 1) & g.slot_mask;
                 g.slots[slot] = (uint32_t)inode;
             } else { /* a name the kernel can never ask for: Python lists this folder, as it always has */
@@ -647,27 +699,22 @@ static PyObject *build(PyObject *self, PyObject *args) {
                 node->name_len = 0;
             }
             Py_XDECREF(encoded);
-            if ((PyObject *)Py_TYPE(entry) == dir_type) {
-                node->kind = DIR_NATIVE;
+            if (is_folder) {
+                if (node->kind == ABSENT) node->kind = DIR_NATIVE; /* not if it lists a name C cannot keep */
                 if (PyList_Append(queue, entry) < 0) {
                     Py_DECREF(entries);
                     goto fail;
                 }
                 continue;
             }
-            if ((PyObject *)Py_TYPE(entry) != file_type) {
-                Py_DECREF(entries);
-                PyErr_SetString(PyExc_TypeError, "an entry is neither a folder nor a file");
-                goto fail;
-            }
             int64_t size;
-            if (attr_int64(entry, s_size, &size) < 0) {
+            if (get_int64(entry, file_size, s_size, &size) < 0) {
                 Py_DECREF(entries);
                 goto fail;
             }
             node->size = (uint64_t)size;
             node->kind = FILE_PYTHON;
-            PyObject *segments = PyObject_GetAttr(entry, s_segments);
+            PyObject *segments = get(entry, file_segments, s_segments);
             if (!segments) {
                 Py_DECREF(entries);
                 goto fail;
@@ -675,9 +722,9 @@ static PyObject *build(PyObject *self, PyObject *args) {
             if (spliceable && PyTuple_Check(segments) && PyTuple_GET_SIZE(segments) == 1 &&
                 (PyObject *)Py_TYPE(PyTuple_GET_ITEM(segments, 0)) == range_type) {
                 PyObject *segment = PyTuple_GET_ITEM(segments, 0);
-                PyObject *key = PyObject_GetAttr(segment, s_key);
+                PyObject *key = get(segment, range_key, s_key);
                 int64_t offset;
-                int ok = key != NULL && PyUnicode_Check(key) && attr_int64(segment, s_offset, &offset) == 0 &&
+                int ok = key != NULL && PyUnicode_Check(key) && get_int64(segment, range_offset, s_offset, &offset) == 0 &&
                          offset >= 0;
                 if (ok) {
                     PyObject *known = PyDict_GetItemWithError(key_index, key);
