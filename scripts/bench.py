@@ -353,12 +353,12 @@ class CReference:
     With ``source`` "tree:N" it serves N folders of one file each instead (for ``find``).
     """
 
-    def __init__(self, binary: str, source: str, offset: int, size: int, mountpoint: str) -> None:
+    def __init__(self, binary: str, source: str, offset: int, size: int, mountpoint: str, single: bool = False) -> None:
         self.mountpoint = mountpoint
         os.makedirs(mountpoint, exist_ok=True)
         options = "ro,kernel_cache,attr_timeout=86400,entry_timeout=86400,fsname=cref"
         self.process = subprocess.Popen(
-            [binary, source, str(offset), str(size), mountpoint, "-f", "-o", options],
+            [binary, source, str(offset), str(size), mountpoint, "-f", *(["-s"] if single else []), "-o", options],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -990,6 +990,10 @@ def table(results: dict[str, Any]) -> str:
             versus += [f"C {cref[key]:.3g} ({value / cref[key]:.2f}x)"] if key in cref else []
             ratio = f"{value / baseline[key]:.2f}x baseline" if key in baseline else ""
             add(f"ab: {key}", f"{value:.3g} ({'; '.join(versus)})", ratio)
+        for key in ("p50", "p99"):
+            if f"{key}_1thread_us" in cref:
+                single = cref[f"{key}_1thread_us"]
+                add(f"ab: {key}_us vs the C reference, one thread", f"{this[f'{key}_us'] / single:.2f}x ({single:.3g})")
     if "remote" in results:
         if REPO not in sys.path:
             sys.path.insert(0, REPO)
@@ -1052,6 +1056,13 @@ def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
             finally:
                 server.unmount()
             figures["p50_us"], figures["p99_us"] = percentile(samples, 0.5), percentile(samples, 0.99)
+            # one thread, as stfs serves by default: under load the pool's hand-offs cost the C server most
+            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"), single=True)
+            try:
+                samples = pread_samples(server.file, 0, offsets)
+            finally:
+                server.unmount()
+            figures["p50_1thread_us"], figures["p99_1thread_us"] = percentile(samples, 0.5), percentile(samples, 0.99)
             warm(source)
             server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
             try:

@@ -338,7 +338,7 @@ static pipe_t *thread_pipe(void) {
 }
 
 static void pipe_drain(pipe_t *pipe) {
-    static __thread char sink[1 << 16];
+    char sink[1 << 14];
     while (read(pipe->read_fd, sink, sizeof sink) > 0) {
     }
 }
