@@ -86,7 +86,14 @@ def walk(mnt: str) -> list[tuple[object, ...]]:
 
 
 def test_both_paths_answer_alike(tmp_path: Path, require_native: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = model(tmp_path)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    model(folder)
+    # files/ mirrors the folder: names that are not UTF-8, and non-ASCII ones, reach C as the kernel spells them
+    with open(os.path.join(os.fsencode(folder), b"config-\xff\xfe.json"), "wb") as stream:
+        stream.write(b"{}" * 5000)
+    (folder / "tokenizer-名前.txt").write_bytes(os.urandom(9000))
+    source = str(folder)
     (tmp_path / "c").mkdir()
     (tmp_path / "py").mkdir()
     options = ["view=npy,view=f32"]
