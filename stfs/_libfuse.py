@@ -13,9 +13,10 @@ mfusepy's callbacks with faster ones that pack their answers straight into C str
 * ``readdir_fuse_3``: entries with offsets, folders flagged READDIRPLUS with whole attributes.
 
 In front of all of this, where it is built, sits ``stfs._native`` (stfs/_native.c): C functions installed in
-the same operations table (``native_start``) answer getattr, readdir, opendir/releasedir, open/flush/release,
-statfs, and ``read_buf`` of files that are one ``Range`` of a local source, from tables built once at mount;
-they call the Python callbacks here for everything else. ``STFS_NATIVE=0`` leaves them out.
+the same operations table (``native_start``) answer getattr, readdir, open/release, statfs, and ``read_buf`` of
+files that are one ``Range`` of a local source, from tables built once at mount (opendir, releasedir and flush
+have no Python callback: libfuse answers them itself); they call the Python callbacks here for everything
+else. ``STFS_NATIVE=0`` leaves them out.
 
 ``tests/test_libfuse_layout.py`` compiles a C program against the installed libfuse3 headers and checks
 every size and offset used here. mfusepy private parts (``_wrapper``) are overridden: its major version

@@ -1,8 +1,9 @@
 /* stfs._native: the FUSE requests that carry the load, answered in C.
  *
  * mfusepy builds the fuse_operations table and runs the session; before libfuse gets the table,
- * install() puts the C functions below in front of the Python ones it holds (getattr, readdir,
- * opendir, releasedir, open, flush, release, statfs, read_buf) and keeps the Python ones to call for
+ * install() puts the C functions below in front of the Python ones it holds (getattr, readdir, open,
+ * release, statfs, read_buf; opendir, releasedir and flush too where Python has them, which stfs does
+ * not: libfuse answers those itself) and keeps the Python ones to call for
  * everything C does not answer: a read of a file that is not one Range of a local source (bytes in
  * memory, Decoded pieces, any other segment kind), a source whose descriptor C does not hold, any
  * short or failed transfer, a source that no longer matches its pin (Python logs it and answers EIO),
