@@ -22,6 +22,9 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
   views     --view npy --view f32 on an F32 and a BF16 tensor of --size-mib each, fresh mounts, source
             warm: dd bs=1M of tensors/ (raw), of npy/ (F32) and of f32/ (BF16, output bytes/s);
             np.load of the .npy next to safetensors.numpy.load_file; the daemon's RssAnon growth
+  ab        --baseline CHECKOUT (e.g. /work/main) against this one, interleaved run by run with the C
+            reference: 4 KiB random pread p50/p99, first dd of the big tensor, mount of the smallest and
+            largest --tensors (seconds, RssAnon) and find over the largest (STFS_NATIVE is passed through)
   remote    a 1 GiB model of 128 MiB tensors behind nginx on loopback, and behind a proxy adding 20 ms a
             request: curl -r of one tensor, stfs (dd of the tensor, cat of every tensor) and rclone mount
             (default VFS, --vfs-cache-mode full) side by side; bytes fetched / read; ready for 100 shards;
@@ -56,6 +59,7 @@ PAGE = 4096
 SMALL_TENSOR = 1000  # bytes before the big tensor: its offset is 8 + header + 1000, not page-aligned
 
 MOUNT_ARGS: list[str] = []  # --mount-arg: more `stfs mount` arguments for every mount
+STFS_REPO = [REPO]  # the checkout whose stfs the mounts run (--stfs; the ab section switches it run by run)
 
 TARGETS = {
     "first_ratio": (">=", 0.25),
@@ -87,7 +91,7 @@ def median(values: list[float]) -> float:
 
 def environment() -> dict[str, str]:
     env = dict(os.environ, LC_ALL="C")
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = STFS_REPO[0] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
@@ -268,7 +272,8 @@ class Mount:
             command += ["-o", option]
         env = dict(environment(), STFS_STATS=self.stats_path) if stats else environment()
         started = time.perf_counter()
-        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        # cwd: `python -m stfs` puts the current folder first on sys.path, ahead of PYTHONPATH
+        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=STFS_REPO[0])
         self.seconds = time.perf_counter() - started
         if result.returncode != 0 or not os.path.ismount(mountpoint):
             raise RuntimeError(f"stfs mount failed: {result.stderr.strip()}")
@@ -348,12 +353,12 @@ class CReference:
     With ``source`` "tree:N" it serves N folders of one file each instead (for ``find``).
     """
 
-    def __init__(self, binary: str, source: str, offset: int, size: int, mountpoint: str) -> None:
+    def __init__(self, binary: str, source: str, offset: int, size: int, mountpoint: str, single: bool = False) -> None:
         self.mountpoint = mountpoint
         os.makedirs(mountpoint, exist_ok=True)
         options = "ro,kernel_cache,attr_timeout=86400,entry_timeout=86400,fsname=cref"
         self.process = subprocess.Popen(
-            [binary, source, str(offset), str(size), mountpoint, "-f", "-o", options],
+            [binary, source, str(offset), str(size), mountpoint, "-f", *(["-s"] if single else []), "-o", options],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -532,6 +537,22 @@ def bench_copies(args: argparse.Namespace, results: dict[str, Any]) -> None:
     results["copies"] = {"cached_growth": median(growth), "runs": runs}
 
 
+def pread_samples(path: str, base: int, offsets: list[int]) -> list[float]:
+    """Microseconds of each 4 KiB pread of ``path`` at ``base`` + each offset (no readahead: a request each)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        samples = []
+        clock = time.perf_counter_ns
+        for position in offsets:
+            start = clock()
+            os.pread(fd, PAGE, base + position)
+            samples.append((clock() - start) / 1000)
+        return samples
+    finally:
+        os.close(fd)
+
+
 def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
     source, offset, size = big_model(args.data, args.size_mib * MIB)
     warm(source)
@@ -539,18 +560,7 @@ def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
     offsets = [rng.randrange(size // PAGE) * PAGE for _ in range(args.preads)]
 
     def timed(path: str, base: int) -> list[float]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: one request per page
-            samples = []
-            clock = time.perf_counter_ns
-            for position in offsets:
-                start = clock()
-                os.pread(fd, PAGE, base + position)
-                samples.append((clock() - start) / 1000)
-            return samples
-        finally:
-            os.close(fd)
+        return pread_samples(path, base, offsets)
 
     binary = c_reference(args)
     mount_runs, source_runs, cref_runs = [], [], []
@@ -972,6 +982,18 @@ def table(results: dict[str, Any]) -> str:
             "<= 64",
             check("views_rss_growth_mib", views["rss_growth_mib"]),
         )
+    if "ab" in results and "this" in results["ab"]["medians"]:
+        medians = results["ab"]["medians"]
+        this, baseline, cref = medians["this"], medians.get("baseline", {}), medians.get("c_reference", {})
+        for key, value in this.items():
+            versus = [f"baseline {baseline[key]:.3g}"] if key in baseline else []
+            versus += [f"C {cref[key]:.3g} ({value / cref[key]:.2f}x)"] if key in cref else []
+            ratio = f"{value / baseline[key]:.2f}x baseline" if key in baseline else ""
+            add(f"ab: {key}", f"{value:.3g} ({'; '.join(versus)})", ratio)
+        for key in ("p50", "p99"):
+            if f"{key}_1thread_us" in cref:
+                single = cref[f"{key}_1thread_us"]
+                add(f"ab: {key}_us vs the C reference, one thread", f"{this[f'{key}_us'] / single:.2f}x ({single:.3g})")
     if "remote" in results:
         if REPO not in sys.path:
             sys.path.insert(0, REPO)
@@ -983,6 +1005,85 @@ def table(results: dict[str, Any]) -> str:
     lines.append("-+-".join("-" * width for width in widths))
     lines += [" | ".join(text.ljust(widths[i]) for i, text in enumerate(row)).rstrip() for row in rows]
     return "\n".join(lines)
+
+
+def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """--baseline's stfs and this one's, run by run in turn with the C reference between: the ratios that matter
+    when the machine's speed drifts (a run is: latency, first dd, mount small, mount large + find)."""
+    if not args.baseline:
+        log("ab: no --baseline CHECKOUT given; skipped")
+        return
+    source, offset, size = big_model(args.data, args.size_mib * MIB)
+    rng = random.Random(2)
+    offsets = [rng.randrange(size // PAGE) * PAGE for _ in range(args.preads)]
+    small, large = min(args.tensors), max(args.tensors)
+    many = {count: many_model(args.data, count) for count in (small, large)}
+    binary = c_reference(args)
+    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": [], "c_reference": []}
+    mnt = os.path.join(args.data, "mnt")
+    for run in range(args.runs):
+        for label, repo in (("baseline", args.baseline), ("this", REPO)):
+            STFS_REPO[0] = repo
+            figures: dict[str, float] = {}
+            try:
+                warm(source)
+                with mounted(source, mnt, args.option, stats=False) as mount:
+                    samples = pread_samples(os.path.join(mount.mountpoint, "tensors", "big"), 0, offsets)
+                figures["p50_us"], figures["p99_us"] = percentile(samples, 0.5), percentile(samples, 0.99)
+                warm(source)
+                with mounted(source, mnt, args.option, stats=False) as mount:
+                    figures["first_gbs"] = size / dd_seconds(os.path.join(mount.mountpoint, "tensors", "big")) / 1e9
+                for count, path in many.items():
+                    warm(path)
+                    with mounted(path, mnt, args.option, stats=False) as mount:
+                        figures[f"mount_{count}_s"] = mount.seconds
+                        figures[f"rss_{count}_mib"] = proc_fields(mount.pid, "status")["RssAnon"] / MIB
+                        if count == large:
+                            started = time.perf_counter()
+                            subprocess.run(
+                                f"find {mount.mountpoint} -type f | wc -l", shell=True, check=True, capture_output=True
+                            )
+                            figures[f"find_{count}_s"] = time.perf_counter() - started
+            finally:
+                STFS_REPO[0] = REPO
+            runs[label].append(figures)
+            log(f"ab run {run} {label}: " + ", ".join(f"{key} {value:.3g}" for key, value in figures.items()))
+        if binary is not None:
+            figures = {}
+            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
+            try:
+                samples = pread_samples(server.file, 0, offsets)
+            finally:
+                server.unmount()
+            figures["p50_us"], figures["p99_us"] = percentile(samples, 0.5), percentile(samples, 0.99)
+            # one thread, as stfs serves by default: under load the pool's hand-offs cost the C server most
+            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"), single=True)
+            try:
+                samples = pread_samples(server.file, 0, offsets)
+            finally:
+                server.unmount()
+            figures["p50_1thread_us"], figures["p99_1thread_us"] = percentile(samples, 0.5), percentile(samples, 0.99)
+            warm(source)
+            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
+            try:
+                figures["first_gbs"] = size / dd_seconds(server.file) / 1e9
+            finally:
+                server.unmount()
+            server = CReference(binary, f"tree:{folder_count(large)}", 0, 0, os.path.join(args.data, "mnt-cref"))
+            try:
+                started = time.perf_counter()
+                subprocess.run(f"find {server.mountpoint} -type f | wc -l", shell=True, check=True, capture_output=True)
+                figures[f"find_{large}_s"] = time.perf_counter() - started
+            finally:
+                server.unmount()
+            runs["c_reference"].append(figures)
+            log(f"ab run {run} C reference: " + ", ".join(f"{key} {value:.3g}" for key, value in figures.items()))
+    medians = {
+        label: {key: median([r[key] for r in entries]) for key in entries[0]}
+        for label, entries in runs.items()
+        if entries
+    }
+    results["ab"] = {"baseline": args.baseline, "medians": medians, "runs": runs, "load": os.getloadavg()}
 
 
 def bench_remote(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -1000,6 +1101,7 @@ SECTIONS = {
     "latency": bench_latency,
     "mount": bench_mount,
     "views": bench_views,
+    "ab": bench_ab,
     "remote": bench_remote,
 }
 
@@ -1026,6 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ARG",
         help="extra stfs mount argument, e.g. --mount-arg=--threads",
     )
+    parser.add_argument("--baseline", metavar="CHECKOUT", help="the ab section: this stfs checkout against ours")
+    parser.add_argument("--stfs", metavar="CHECKOUT", help="run the stfs of another checkout (default: this one)")
     parser.add_argument("--clean", action="store_true", help="delete the generated models afterwards")
     parser.add_argument(
         "--no-c-reference",
@@ -1034,6 +1138,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     MOUNT_ARGS[:] = args.mount_arg
+    if args.stfs:
+        STFS_REPO[0] = os.path.abspath(args.stfs)
     os.makedirs(args.data, exist_ok=True)
     results: dict[str, Any] = {
         "machine": {

@@ -32,4 +32,13 @@ PY
 "$work/fresh/bin/stfs" --version
 "$work/fresh/bin/stfs" info "$work/tiny.safetensors"
 "$work/fresh/bin/python" -c "import stfs.fs"  # mfusepy (pinned <4) loads libfuse3 and has what stfs overrides
+# The wheel carries the C extension (built against the libfuse3 headers) and a mount from it answers in C.
+python3 -m zipfile -l "$out"/*.whl | grep -q 'stfs/_native\..*\.so' || { echo "check_package: the wheel has no stfs/_native" >&2; exit 1; }
+mkdir "$work/mnt"
+(cd "$work" && "$work/fresh/bin/stfs" mount "$work/tiny.safetensors" "$work/mnt" --log-file "$work/mount.log")
+status=0
+[ "$(od -An -f "$work/mnt/tensors/w" | tr -s ' ')" = " 1 2" ] || { echo "check_package: wrong bytes" >&2; status=1; }
+"$work/fresh/bin/stfs" unmount "$work/mnt"
+grep -q "answered in C" "$work/mount.log" || { cat "$work/mount.log"; echo "check_package: not the C path" >&2; exit 1; }
+[ "$status" = 0 ] || exit 1
 echo "check_package: ok ($(cd "$out" && echo *.tar.gz *.whl))"

@@ -18,6 +18,9 @@ Each input's first byte picks a mode:
 4. a sharded set: an index (built or raw) + shards written to a temp folder ->
    ``stfs.model.load`` on the index, or ``stfs.model.resolve`` on the folder (discovery, stray
    files as models of their own), then ``merged_header`` and ``build_tree``
+
+Every tree built is also handed to ``stfs._native`` (where it is built): its tables must take it, and a C lookup
+of every path must find the inode the tree has there.
 """
 
 from __future__ import annotations
@@ -39,9 +42,17 @@ import atheris
 
 if {"--replay", "--line-coverage"} & set(sys.argv):  # plain bytecode, so line tracing sees the source as written
     from stfs import errors, format, model, tree, views
+    from stfs.sources import LocalFiles
 else:
     with atheris.instrument_imports(include=["stfs"]):
         from stfs import errors, format, model, tree, views
+        from stfs.sources import LocalFiles
+
+try:
+    from stfs import _native  # type: ignore[attr-defined]
+    from stfs.nodes import DirNode, FileNode, Range
+except ImportError:  # not built: the Python trees alone
+    _native = None
 
 DTYPES = list(format.DTYPE_BITS)
 ODD_NAMES = [
@@ -192,7 +203,7 @@ def _write_safetensors(path: str, raw: bytes, data_size: int) -> None:
                 stream.truncate(8 + len(raw) + (1 << 40))
 
 
-def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
+def _sharded(fdp: atheris.FuzzedDataProvider, folder: str, files: LocalFiles) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     weight_map: dict[str, str] = {}
@@ -244,20 +255,46 @@ def _sharded(fdp: atheris.FuzzedDataProvider, folder: str) -> None:
         _write(index_path, json.dumps(index).encode("utf-8", "surrogatepass"))
     layout = fdp.PickValueInList(["nested", "flat"])
     if fdp.ConsumeBool():
-        loaded = model.load(model.ModelSource(name="", path=index_path))
+        loaded = model.load(model.ModelSource(name="", path=index_path), files)
         views.merged_header(loaded)
-        views.build_tree([loaded], layout)
+        checked_in_c(views.build_tree([loaded], layout))
     else:  # the folder as a SOURCE: discovery, stray shards as models of their own, one folder per model
         if fdp.ConsumeBool():
             stray = os.path.join(folder, fdp.PickValueInList(["b.safetensors", "sub/c.safetensors", "x.index.json"]))
             with contextlib.suppress(OSError):  # "sub" may be a file
                 os.makedirs(os.path.dirname(stray), exist_ok=True)
                 _write(stray, fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 300)))
-        models = model.resolve(folder)
+        models = model.resolve(folder, files)
         for loaded in models:
             if loaded.is_sharded:
                 views.merged_header(loaded)
-        views.build_tree(models, layout)
+        checked_in_c(views.build_tree(models, layout))
+
+
+def checked_in_c(built: tree.Tree) -> tree.Tree:
+    """``built``, after checking that stfs._native's tables hold it: a C lookup of each path finds its inode."""
+    if _native is None:
+        return built
+    _native.build(built.root, DirNode, FileNode, Range, built.inode_limit, True)
+    try:
+        pending: list[tuple[bytes, DirNode]] = [(b"", built.root)]
+        while pending:
+            path, folder = pending.pop()
+            for name, node in folder.children.items():
+                try:
+                    full = path + b"/" + name.encode("utf-8", "surrogateescape")
+                except UnicodeEncodeError:  # no path the kernel sends can name it
+                    continue
+                found = _native.lookup(full)
+                if found != node.inode:
+                    raise AssertionError(f"C lookup of {full!r}: inode {found}, the tree has {node.inode}")
+                if isinstance(node, DirNode):
+                    pending.append((full, node))
+        if _native.lookup(b"/") != 1:
+            raise AssertionError("C lookup of / is not the root")
+    finally:
+        _native.close()
+    return built
 
 
 def one_input(data: bytes, scratch: str) -> None:
@@ -266,25 +303,28 @@ def one_input(data: bytes, scratch: str) -> None:
     mode, rest = data[0] % 5, data[1:]
     fdp = atheris.FuzzedDataProvider(rest)
     path = os.path.join(scratch, "x.safetensors")
+    files = LocalFiles()
     try:
         if mode == 0:
             format.parse_header(rest, path=path, file_size=8 + len(rest) + (data[0] // 5))
         elif mode == 1:
             _write(path, rest)
-            model.read_header(path)
+            model.read_header(path, files)
         elif mode == 2:
             raw, size = _built_header(fdp)
             header = format.parse_header(raw, path=path, file_size=8 + len(raw) + size)
             _write_safetensors(path, raw, size)
-            views.build_tree(model.resolve(path), fdp.PickValueInList(["nested", "flat"]))
+            checked_in_c(views.build_tree(model.resolve(path, files), fdp.PickValueInList(["nested", "flat"])))
             assert header.tensors is not None
         elif mode == 3:
             raw = _nested(fdp)
             format.parse_header(raw, path=path, file_size=8 + len(raw))
         else:
-            _sharded(fdp, os.path.join(scratch, "sharded"))
+            _sharded(fdp, os.path.join(scratch, "sharded"), files)
     except errors.StfsError:
         pass
+    finally:
+        files.close()  # a source holds its files open until closed (the snapshot rule): 20,000 inputs hit EMFILE
 
 
 def seed_corpus(folder: str) -> None:

@@ -12,6 +12,12 @@ mfusepy's callbacks with faster ones that pack their answers straight into C str
 * ``getattr_fuse_3``: one ``struct stat`` packed by ``struct.pack`` instead of a ctypes field at a time.
 * ``readdir_fuse_3``: entries with offsets, folders flagged READDIRPLUS with whole attributes.
 
+In front of all of this, where it is built, sits ``stfs._native`` (stfs/_native.c): C functions installed in
+the same operations table (``native_start``) answer getattr, readdir, open/release, statfs, and ``read_buf`` of
+files that are one ``Range`` of a local source, from tables built once at mount (opendir, releasedir and flush
+have no Python callback: libfuse answers them itself); they call the Python callbacks here for everything
+else. ``STFS_NATIVE=0`` leaves them out.
+
 ``tests/test_libfuse_layout.py`` compiles a C program against the installed libfuse3 headers and checks
 every size and offset used here. mfusepy private parts (``_wrapper``) are overridden: its major version
 is pinned in pyproject.toml.
@@ -29,21 +35,54 @@ import struct
 import termios
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # else mfusepy may load libfuse2 (128 KiB requests)
 
 import mfusepy  # noqa: E402
 from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
 
-from .nodes import DIR_MODE, FILE_MODE, Decoded, DirNode, FileNode, Range, clamp, pieces  # noqa: E402
-from .sources import PAGE, SpliceSource  # noqa: E402
+from .nodes import DIR_MODE, FILE_MODE, Decoded, DirNode, FileNode, Node, Range, clamp, pieces  # noqa: E402
+from .sources import PAGE, ByteSource, SpliceSource  # noqa: E402
 from .stats import Stats, from_environment  # noqa: E402
+from .tree import Tree  # noqa: E402
 
-if TYPE_CHECKING:
-    from .fs import StfsOperations
+try:
+    from . import _native  # type: ignore[attr-defined]  # noqa: E402
+except ImportError as exc:  # built without a compiler or the libfuse3 headers: the Python path serves
+    _native = None
+    _NATIVE_MISSING = str(exc)
 
-__all__ = ["ENOATTR", "STAT_FIELDS", "FuseOSError", "Operations", "StfsFUSE", "request_size", "serve"]
+
+class StfsOperations(Protocol):
+    """What this layer asks of ``fs.StfsOperations`` (the core every request goes through), by shape: the FUSE
+    layer does not import the filesystem that uses it."""
+
+    tree: Tree
+    source: ByteSource
+    open_files: dict[int, FileNode]
+    served: bool
+
+    def node(self, path: str) -> Node: ...
+    def stat(self, node: Node) -> tuple[int, ...]: ...
+    def entries(self, path: str) -> list[tuple[str, Node]]: ...
+    def file(self, path: str | None, fh: int) -> FileNode: ...
+    def fill(self, node: FileNode, view: memoryview, offset: int) -> int: ...
+    def failed(self, key: str, offset: int, exc: Exception) -> FuseOSError: ...
+    def statfs(self, path: str) -> dict[str, int]: ...
+
+
+NATIVE_VARIABLE = "STFS_NATIVE"  # "0": serve every request from Python
+__all__ = [
+    "ENOATTR",
+    "NATIVE_VARIABLE",
+    "STAT_FIELDS",
+    "FuseOSError",
+    "Operations",
+    "StfsFUSE",
+    "request_size",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +284,22 @@ class StfsFUSE(mfusepy.FUSE):
         # A source that can splice (local files) lends its pages to the reply; any other is read into memory.
         self._splice_into = source.splice_into if isinstance(source, SpliceSource) else None
         self._read_source = source.read_into
-        super().__init__(operations, mountpoint, **options)  # serves until unmounted
+        native = native_start(operations, stats)
+        if native is None:
+            super().__init__(operations, mountpoint, **options)  # serves until unmounted
+            return
+        real = mfusepy.fuse_main_real
+
+        def main_real(argc: int, argv: Any, ops: Any, size: int, data: Any) -> int:
+            native.install(ctypes.addressof(ops.contents), size)  # before libfuse copies the table
+            return int(real(argc, argv, ops, size, data))
+
+        mfusepy.fuse_main_real = main_real
+        try:
+            super().__init__(operations, mountpoint, **options)
+        finally:
+            mfusepy.fuse_main_real = real
+            native.close()
 
     def _wrapper(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
         """Call a callback; an errno it raises goes back to the kernel, anything unexpected as EIO with a log line.
@@ -419,6 +473,52 @@ class StfsFUSE(mfusepy.FUSE):
         if pipe is None:
             pipe = self._local.pipe = _Pipe()
         return pipe
+
+
+def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
+    """``stfs._native`` with its tables built for ``operations`` (and its local sources' descriptors), or ``None``
+    where the Python path serves (one log line saying why)."""
+    if os.environ.get(NATIVE_VARIABLE, "1") == "0":
+        log.info("requests are served from Python (%s=0)", NATIVE_VARIABLE)
+        return None
+    if _native is None:
+        log.warning("stfs._native is not built (%s): requests are served from Python, slower", _NATIVE_MISSING)
+        return None
+    tree, source = operations.tree, operations.source
+    descriptor = getattr(source, "descriptor", None)  # local files: C reads them from its own duplicates
+    try:
+        keys, native_files, python_files = _native.build(
+            tree.root, DirNode, FileNode, Range, tree.inode_limit, descriptor is not None
+        )
+        budget = getattr(source, "max_open", 0) // 2  # the duplicates must not take the sources' room
+        held_sources = 0
+        for index, key in enumerate(keys if len(keys) <= budget else []):
+            held = descriptor(key) if descriptor is not None else None
+            if held is not None:
+                _native.set_source(index, *held)
+                held_sources += 1
+        statfs = operations.statfs("/")
+        _native.configure(
+            os.getuid(),
+            os.getgid(),
+            int(getattr(source, "drop_lag", 0)),
+            (statfs["f_bsize"], statfs["f_frsize"], statfs["f_blocks"], statfs["f_files"], statfs["f_namemax"]),
+            stats is not None,
+        )
+    except Exception as exc:  # a tree C cannot hold (a new kind of node, say): Python serves it all
+        _native.close()
+        log.warning("requests are served from Python: the C tables could not be built (%s)", exc)
+        return None
+    if stats is not None:
+        stats.also_count(_native.counts)
+    log.info(
+        "requests answered in C: metadata, and reads of %d files from %d of %d sources (%d files read by Python)",
+        native_files,
+        held_sources,
+        len(keys),
+        python_files,
+    )
+    return _native
 
 
 def request_size() -> int:

@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 ENVIRONMENT_VARIABLE = "STFS_STATS"
 
@@ -31,6 +32,7 @@ class Stats:
         self._local = threading.local()
         self._counters: list[_Counters] = []  # one per thread that counted: no lock on the hot path
         self._dumps = 0
+        self._more: list[Callable[[], tuple[dict[str, int], dict[int, int], int]]] = []
 
     def _mine(self) -> _Counters:
         counters: _Counters | None = getattr(self._local, "counters", None)
@@ -39,6 +41,10 @@ class Stats:
             with self._lock:
                 self._counters.append(counters)
         return counters
+
+    def also_count(self, counts: Callable[[], tuple[dict[str, int], dict[int, int], int]]) -> None:
+        """Add what ``counts()`` returns (calls, read sizes, bytes read: stfs._native's) to every snapshot."""
+        self._more.append(counts)
 
     def count_call(self, name: str) -> None:
         self._mine().calls[name] += 1
@@ -58,6 +64,11 @@ class Stats:
                 sizes.update(counters.read_sizes.copy())
                 read_bytes += counters.read_bytes
             dumps = self._dumps
+        for more in self._more:
+            more_calls, more_sizes, more_bytes = more()
+            calls.update(more_calls)
+            sizes.update(more_sizes)
+            read_bytes += more_bytes
         return {
             "pid": os.getpid(),
             "dumps": dumps,

@@ -94,6 +94,11 @@ class Tree:
         self.data_size = 0
         self.file_count = 0
 
+    @property
+    def inode_limit(self) -> int:
+        """One more than the highest inode handed out (inodes are dense from 1)."""
+        return self._next_inode
+
     def _take_inode(self) -> int:
         inode = self._next_inode
         self._next_inode += 1

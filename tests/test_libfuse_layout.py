@@ -6,6 +6,8 @@ hand libfuse garbage, so every size, offset and constant used is compared with w
 
 from __future__ import annotations
 
+import ctypes
+import importlib
 import shutil
 import struct
 import subprocess
@@ -115,3 +117,16 @@ def test_packed_stat_reads_back_in_c_places(c_layout: dict[str, list[int]]) -> N
         seconds = int.from_bytes(packed[offset : offset + 8], "little", signed=True)
         nanoseconds = int.from_bytes(packed[offset + 8 : offset + 16], "little", signed=True)
         assert seconds * 1_000_000_000 + nanoseconds == value, member
+
+
+def test_native_writes_where_mfusepy_put_the_callbacks() -> None:
+    """stfs._native replaces callbacks in mfusepy's ctypes ``fuse_operations`` by the C header's offsets: the two
+    layouts must agree on every field it writes, and on the size (libfuse copies that many bytes)."""
+    native = importlib.import_module("stfs._native") if IN_CI else pytest.importorskip("stfs._native")  # CI builds it
+    layout = native.layout()
+    for name in ("getattr", "open", "statfs", "flush", "release", "opendir", "readdir", "releasedir", "read_buf"):
+        field = getattr(mfusepy.fuse_operations, name)
+        assert (field.offset, field.size) == tuple(layout[name]), name
+    assert ctypes.sizeof(mfusepy.fuse_operations) == layout["fuse_operations"][1]
+    assert mfusepy.fuse_file_info.fh.offset == layout["fuse_file_info.fh"][0]
+    assert ctypes.sizeof(mfusepy.c_stat) == layout["stat"][1]

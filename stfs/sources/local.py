@@ -172,6 +172,24 @@ class LocalFiles:
         finally:
             self._release(handle, 0, 0)
 
+    def descriptor(self, key: str) -> tuple[int, int, int] | None:
+        """The descriptor ``key`` is read from and its pinned size and ``st_mtime_ns`` (pinning it now if it was
+        not); ``None`` once it has changed. For a reader of its own (stfs._native) that keeps the snapshot rule:
+        it duplicates the descriptor and checks size and mtime after every read, as ``_transfer`` does."""
+        try:
+            handle = self._acquire(key)
+        except (OSError, SourceChanged):
+            return None
+        try:
+            return handle.fd, handle.pin.size, handle.pin.mtime_ns
+        finally:
+            self._release(handle, 0, 0)
+
+    @property
+    def drop_lag(self) -> int:
+        """How far behind a run of reads its source pages are dropped (0: they are kept)."""
+        return self._lag if self.drop_behind else 0
+
     def read(self, key: str, offset: int, size: int) -> bytes:
         handle = self._acquire(key)
         try:

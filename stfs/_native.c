@@ -1,0 +1,957 @@
+/* stfs._native: the FUSE requests that carry the load, answered in C.
+ *
+ * mfusepy builds the fuse_operations table and runs the session; before libfuse gets the table,
+ * install() puts the C functions below in front of the Python ones it holds (getattr, readdir, open,
+ * release, statfs, read_buf; opendir, releasedir and flush too where Python has them, which stfs does
+ * not: libfuse answers those itself) and keeps the Python ones to call for
+ * everything C does not answer: a read of a file that is not one Range of a local source (bytes in
+ * memory, Decoded pieces, any other segment kind), a source whose descriptor C does not hold, any
+ * short or failed transfer, a source that no longer matches its pin (Python logs it and answers EIO),
+ * a folder whose names C could not encode. C calls down into Python, never the other way round.
+ *
+ * The tables are built once, before the session starts (build(), with the GIL), from the Python tree,
+ * and are read-only afterwards, so the callbacks run without the GIL. Nodes are indexed by inode
+ * (the tree hands them out densely from 1). Lookups walk the path a component at a time through one
+ * hash table keyed by (parent inode, name). The one thing a request changes is a source's state: its
+ * drop-behind runs (under its mutex) and its changed flag (atomic; once set, for good).
+ *
+ * One mount per process (the daemon): the state is global.
+ */
+#define PY_SSIZE_T_CLEAN
+#define FUSE_USE_VERSION 31
+#define _GNU_SOURCE
+#include <Python.h>
+#include <structmember.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#define PAGE 4096
+#define SPLICE_MIN (2 * PAGE) /* fuse_lowlevel.c: replies under two pages are copied, not spliced */
+#define PIPE_SIZE (2 << 20)   /* a 1 MiB reply at an unaligned offset spans 257 pages: a slot each */
+#define DROP_CHUNK (2 << 20)
+#define MAX_RUNS 8
+#define SMALL_RUN (64 << 10)
+
+enum { ABSENT = 0, DIR_NATIVE, DIR_PYTHON, FILE_NATIVE, FILE_PYTHON };
+
+typedef struct {
+    int64_t mtime_ns;
+    uint64_t size;   /* a file's size; a folder's entry count */
+    uint64_t offset; /* a native file's offset in its source; a folder's first entry in children */
+    uint32_t parent;
+    uint32_t name; /* offset in names, NUL-terminated */
+    uint32_t source;
+    uint8_t kind;
+    uint8_t name_len;
+} node_t;
+
+typedef struct {
+    int64_t start, end;
+} run_t;
+
+typedef struct {
+    int fd; /* our dup of the descriptor the source holds; -1: Python reads it */
+    int changed;
+    int64_t size, mtime_ns;
+    pthread_mutex_t lock;
+    int nruns;
+    run_t runs[MAX_RUNS + 1];
+} source_t;
+
+typedef struct {
+    int (*getattr)(const char *, struct stat *, struct fuse_file_info *);
+    int (*open)(const char *, struct fuse_file_info *);
+    int (*statfs)(const char *, struct statvfs *);
+    int (*flush)(const char *, struct fuse_file_info *);
+    int (*release)(const char *, struct fuse_file_info *);
+    int (*opendir)(const char *, struct fuse_file_info *);
+    int (*readdir)(const char *, void *, fuse_fill_dir_t, off_t, struct fuse_file_info *, enum fuse_readdir_flags);
+    int (*releasedir)(const char *, struct fuse_file_info *);
+    int (*read_buf)(const char *, struct fuse_bufvec **, size_t, off_t, struct fuse_file_info *);
+} python_ops_t;
+
+/* calls counted when stats are on, by the names stfs.stats uses for the Python callbacks */
+enum { C_GETATTR, C_READDIR, C_OPENDIR, C_RELEASEDIR, C_OPEN, C_FLUSH, C_RELEASE, C_STATFS, C_READ_BUF, C_COUNT };
+static const char *call_names[C_COUNT] = {"getattr_fuse_3", "readdir_fuse_3", "opendir", "releasedir", "open",
+                                          "flush", "release", "statfs", "read_buf"};
+#define SIZE_SLOTS 256
+
+static struct {
+    node_t *nodes;
+    uint32_t node_count; /* highest inode + 1 */
+    uint32_t *children;
+    uint32_t *slots; /* the lookup hash: node indices, 0 empty */
+    uint32_t slot_mask;
+    char *names;
+    size_t names_len, names_cap;
+    source_t *sources;
+    uint32_t source_count;
+    uid_t uid;
+    gid_t gid;
+    int64_t drop_lag; /* 0: keep the source's pages */
+    struct statvfs statfs;
+    python_ops_t py;
+    int installed;
+    int stats;
+    uint64_t calls[C_COUNT];
+    uint64_t read_bytes;
+    pthread_mutex_t size_lock;
+    uint64_t sizes[SIZE_SLOTS][2]; /* (requested size + 1, count) */
+} g = {.size_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void count(int call) {
+    if (g.stats) __atomic_fetch_add(&g.calls[call], 1, __ATOMIC_RELAXED);
+}
+
+static void count_read(size_t requested, size_t served) {
+    if (!g.stats) return;
+    __atomic_fetch_add(&g.calls[C_READ_BUF], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&g.read_bytes, served, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&g.size_lock);
+    uint64_t key = (uint64_t)requested + 1;
+    for (unsigned i = 0, slot = (unsigned)(requested / PAGE) % SIZE_SLOTS; i < SIZE_SLOTS;
+         i++, slot = (slot + 1) % SIZE_SLOTS) {
+        if (g.sizes[slot][0] == key || g.sizes[slot][0] == 0) {
+            g.sizes[slot][0] = key;
+            g.sizes[slot][1]++;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g.size_lock);
+}
+
+/* -- lookup ------------------------------------------------------------------------------------------- */
+
+static uint32_t hash_name(uint32_t parent, const char *name, size_t len) {
+    uint64_t h = 1469598103934665603ULL ^ parent;
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 1099511628211ULL;
+    h ^= h >> 29;
+    return (uint32_t)h;
+}
+
+static uint32_t child(uint32_t parent, const char *name, size_t len) {
+    if (len > 255) return 0;
+    for (uint32_t slot = hash_name(parent, name, len) & g.slot_mask;; slot = (slot + 1) & g.slot_mask) {
+        uint32_t index = g.slots[slot];
+        if (index == 0) return 0;
+        node_t *node = &g.nodes[index];
+        if (node->parent == parent && node->name_len == len && memcmp(g.names + node->name, name, len) == 0)
+            return index;
+    }
+}
+
+/* The inode at absolute path (0: none). */
+static uint32_t lookup(const char *path) {
+    if (path == NULL || path[0] != '/') return 0;
+    uint32_t index = 1;
+    const char *component = path + 1;
+    while (*component) {
+        node_t *node = &g.nodes[index];
+        if (node->kind != DIR_NATIVE && node->kind != DIR_PYTHON) return 0;
+        const char *end = strchrnul(component, '/');
+        index = child(index, component, (size_t)(end - component));
+        if (index == 0) return 0;
+        component = *end ? end + 1 : end;
+    }
+    return index;
+}
+
+static int is_dir(const node_t *node) { return node->kind == DIR_NATIVE || node->kind == DIR_PYTHON; }
+
+static void fill_stat(uint32_t index, struct stat *st) {
+    const node_t *node = &g.nodes[index];
+    memset(st, 0, sizeof *st);
+    if (is_dir(node)) {
+        st->st_mode = S_IFDIR | 0555;
+        st->st_nlink = 2;
+    } else {
+        st->st_mode = S_IFREG | 0444;
+        st->st_nlink = 1;
+        st->st_size = (off_t)node->size;
+        st->st_blocks = (blkcnt_t)((node->size + 511) / 512); /* 512-byte units whatever the block size */
+    }
+    st->st_ino = index;
+    st->st_blksize = PAGE;
+    st->st_uid = g.uid;
+    st->st_gid = g.gid;
+    st->st_mtim.tv_sec = st->st_ctim.tv_sec = st->st_atim.tv_sec = node->mtime_ns / 1000000000;
+    st->st_mtim.tv_nsec = st->st_ctim.tv_nsec = st->st_atim.tv_nsec = node->mtime_ns % 1000000000;
+}
+
+/* -- metadata requests -------------------------------------------------------------------------------- */
+
+static int n_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
+    uint32_t index = path != NULL ? lookup(path) : (fi != NULL && fi->fh < g.node_count ? (uint32_t)fi->fh : 0);
+    if (index == 0 || g.nodes[index].kind == ABSENT) return -ENOENT;
+    count(C_GETATTR);
+    fill_stat(index, st);
+    return 0;
+}
+
+static int n_opendir(const char *path, struct fuse_file_info *fi) {
+    uint32_t index = lookup(path);
+    if (index == 0) return -ENOENT;
+    if (g.nodes[index].kind == DIR_PYTHON) return g.py.opendir ? g.py.opendir(path, fi) : 0;
+    if (!is_dir(&g.nodes[index])) return -ENOTDIR;
+    count(C_OPENDIR);
+    fi->fh = index;
+    return 0;
+}
+
+static int n_releasedir(const char *path, struct fuse_file_info *fi) {
+    (void)path;
+    (void)fi;
+    count(C_RELEASEDIR);
+    return 0;
+}
+
+static int n_readdir(const char *path, void *buf, fuse_fill_dir_t filler, off_t offset, struct fuse_file_info *fi,
+                     enum fuse_readdir_flags flags) {
+    uint32_t index = lookup(path);
+    if (index == 0) return -ENOENT;
+    const node_t *folder = &g.nodes[index];
+    if (folder->kind == DIR_PYTHON) return g.py.readdir ? g.py.readdir(path, buf, filler, offset, fi, flags) : -EIO;
+    if (!is_dir(folder)) return -ENOTDIR;
+    count(C_READDIR);
+    /* Entries carry offsets (the index + 1), so libfuse hands each to the kernel at once; a folder's entry is
+     * flagged "plus" with its attributes, so walking into it costs no LOOKUP. "." and ".." are never looked up. */
+    uint64_t total = folder->size + 2;
+    struct stat st;
+    for (uint64_t position = offset < 0 ? 0 : (uint64_t)offset; position < total; position++) {
+        int full;
+        if (position < 2) {
+            uint32_t self = position == 0 ? index : folder->parent;
+            memset(&st, 0, sizeof st);
+            st.st_mode = S_IFDIR | 0555;
+            st.st_ino = self;
+            full = filler(buf, position == 0 ? "." : "..", &st, (off_t)position + 1, 0);
+        } else {
+            uint32_t entry = g.children[folder->offset + position - 2];
+            const node_t *node = &g.nodes[entry];
+            if (is_dir(node)) {
+                fill_stat(entry, &st);
+                full = filler(buf, g.names + node->name, &st, (off_t)position + 1, FUSE_FILL_DIR_PLUS);
+            } else {
+                memset(&st, 0, sizeof st);
+                st.st_mode = S_IFREG | 0444;
+                st.st_ino = entry;
+                full = filler(buf, g.names + node->name, &st, (off_t)position + 1, 0);
+            }
+        }
+        if (full) break;
+    }
+    return 0;
+}
+
+static int n_open(const char *path, struct fuse_file_info *fi) {
+    uint32_t index = lookup(path);
+    if (index == 0) return -ENOENT;
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_APPEND))) return -EROFS;
+    if (is_dir(&g.nodes[index])) return -EISDIR;
+    count(C_OPEN);
+    fi->fh = index; /* the inode, as the Python side answers */
+    return 0;
+}
+
+static int n_flush(const char *path, struct fuse_file_info *fi) {
+    (void)path;
+    (void)fi;
+    count(C_FLUSH);
+    return 0;
+}
+
+static int n_release(const char *path, struct fuse_file_info *fi) {
+    (void)path;
+    (void)fi;
+    count(C_RELEASE);
+    return 0;
+}
+
+static int n_statfs(const char *path, struct statvfs *out) {
+    (void)path;
+    count(C_STATFS);
+    *out = g.statfs;
+    return 0;
+}
+
+/* -- reads -------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int read_fd, write_fd;
+    size_t limit;
+} pipe_t;
+
+static pthread_key_t pipe_key;
+static pthread_once_t pipe_once = PTHREAD_ONCE_INIT;
+
+static void pipe_free(void *value) {
+    pipe_t *pipe = value;
+    close(pipe->read_fd);
+    close(pipe->write_fd);
+    free(pipe);
+}
+
+static void pipe_key_make(void) { pthread_key_create(&pipe_key, pipe_free); }
+
+static long pipe_max_size(void) {
+    long size = 1 << 20;
+    FILE *stream = fopen("/proc/sys/fs/pipe-max-size", "r");
+    if (stream) {
+        if (fscanf(stream, "%ld", &size) != 1) size = 1 << 20;
+        fclose(stream);
+    }
+    return size;
+}
+
+/* This thread's pipe for splicing source pages to libfuse (NULL: none could be made). */
+static pipe_t *thread_pipe(void) {
+    pthread_once(&pipe_once, pipe_key_make);
+    pipe_t *pipe = pthread_getspecific(pipe_key);
+    if (pipe) return pipe;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return NULL;
+    if (fcntl(fds[1], F_SETPIPE_SZ, PIPE_SIZE) < 0) fcntl(fds[1], F_SETPIPE_SZ, (int)pipe_max_size());
+    int capacity = fcntl(fds[1], F_GETPIPE_SZ);
+    pipe = malloc(sizeof *pipe);
+    if (!pipe || capacity < 0) {
+        free(pipe);
+        close(fds[0]);
+        close(fds[1]);
+        return NULL;
+    }
+    pipe->read_fd = fds[0];
+    pipe->write_fd = fds[1];
+    /* splice takes a slot per page touched; libfuse's own pipe needs three pages and the header more */
+    pipe->limit = capacity > 4 * PAGE ? (size_t)capacity - 4 * PAGE : 0;
+    pthread_setspecific(pipe_key, pipe);
+    return pipe;
+}
+
+static void pipe_drain(pipe_t *pipe) {
+    char sink[1 << 14];
+    while (read(pipe->read_fd, sink, sizeof sink) > 0) {
+    }
+}
+
+static int pipe_empty(pipe_t *pipe) {
+    int queued = 0;
+    return ioctl(pipe->read_fd, FIONREAD, &queued) == 0 && queued == 0;
+}
+
+static void drop(int fd, int64_t start, int64_t end) {
+    int64_t first = start - start % PAGE, last = (end + PAGE - 1) / PAGE * PAGE;
+    posix_fadvise(fd, first, last - first, POSIX_FADV_DONTNEED); /* advice only */
+}
+
+/* stfs/sources/local.py LocalFiles._served, the same rule: [start, end) went to the mount's page cache; drop
+ * the source's pages far enough behind each run of contiguous reads. Called with the source's lock held. */
+static void served(source_t *source, int64_t start, int64_t end, int64_t lag) {
+    run_t *runs = source->runs;
+    for (int i = source->nruns - 1; i >= 0; i--) {
+        if (runs[i].start - lag <= start && start <= runs[i].end) {
+            if (start < runs[i].start) runs[i].start = start;
+            if (end > runs[i].end) {
+                runs[i].end = end;
+                for (int j = 0; j < source->nruns;) { /* runs that now meet become one */
+                    if (j != i && runs[j].start - lag <= runs[i].end && runs[i].start - lag <= runs[j].end) {
+                        if (runs[j].start < runs[i].start) runs[i].start = runs[j].start;
+                        if (runs[j].end > runs[i].end) runs[i].end = runs[j].end;
+                        memmove(&runs[j], &runs[j + 1], (size_t)(source->nruns - j - 1) * sizeof *runs);
+                        source->nruns--;
+                        if (j < i) i--;
+                    } else {
+                        j++;
+                    }
+                }
+            }
+            int64_t cut = (runs[i].end - lag) / DROP_CHUNK * DROP_CHUNK;
+            if (cut - runs[i].start >= DROP_CHUNK) {
+                drop(source->fd, runs[i].start, cut);
+                runs[i].start = cut;
+            }
+            return;
+        }
+    }
+    if (end - start < SMALL_RUN) return;
+    runs[source->nruns++] = (run_t){start, end};
+    if (source->nruns > MAX_RUNS) {
+        drop(source->fd, runs[0].start, runs[0].end);
+        memmove(&runs[0], &runs[1], (size_t)(source->nruns - 1) * sizeof *runs);
+        source->nruns--;
+    }
+}
+
+static int reply(struct fuse_bufvec **bufp, size_t count, void *memory, int fd) {
+    struct fuse_bufvec *vector = malloc(sizeof *vector);
+    if (!vector) {
+        free(memory);
+        return -ENOMEM;
+    }
+    *vector = FUSE_BUFVEC_INIT(count);
+    if (fd >= 0) {
+        vector->buf[0].flags = FUSE_BUF_IS_FD;
+        vector->buf[0].fd = fd;
+    } else {
+        vector->buf[0].mem = memory;
+    }
+    *bufp = vector; /* libfuse sends it, then frees it and any memory buffer (fuse.c fuse_free_buf) */
+    return 0;
+}
+
+/* Whether the source still has the size and age it was pinned at; after the transfer, so a change before
+ * or during the read fails it alike. */
+static int unchanged(source_t *source) {
+    struct stat st;
+    if (fstat(source->fd, &st) != 0) return 0;
+    int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    if (st.st_size == source->size && mtime == source->mtime_ns) return 1;
+    __atomic_store_n(&source->changed, 1, __ATOMIC_RELAXED); /* Python logs it, answers EIO, for good */
+    return 0;
+}
+
+static int n_read_buf(const char *path, struct fuse_bufvec **bufp, size_t size, off_t offset,
+                      struct fuse_file_info *fi) {
+    uint64_t index = fi != NULL ? fi->fh : 0;
+    const node_t *node = index > 0 && index < g.node_count ? &g.nodes[index] : NULL;
+    source_t *source = node != NULL && node->kind == FILE_NATIVE ? &g.sources[node->source] : NULL;
+    if (source == NULL || source->fd < 0 || __atomic_load_n(&source->changed, __ATOMIC_RELAXED) || offset < 0)
+        goto python;
+    size_t count = (uint64_t)offset >= node->size ? 0 : node->size - (uint64_t)offset;
+    if (count > size) count = size;
+    if (count == 0) {
+        count_read(size, 0);
+        return reply(bufp, 0, NULL, -1);
+    }
+    off_t position = (off_t)(node->offset + (uint64_t)offset);
+    pipe_t *pipe = count >= SPLICE_MIN ? thread_pipe() : NULL;
+    if (pipe != NULL && count <= pipe->limit) {
+        if (!pipe_empty(pipe)) pipe_drain(pipe); /* left over from a reply libfuse gave up on */
+        size_t done = 0;
+        while (done < count) {
+            loff_t from = position + (off_t)done;
+            ssize_t moved = splice(source->fd, &from, pipe->write_fd, NULL, count - done, 0);
+            if (moved > 0) {
+                done += (size_t)moved;
+            } else if (moved < 0 && errno == EINTR) {
+                continue;
+            } else {
+                break; /* full pipe, end of file (truncated), error: Python reads it and says why */
+            }
+        }
+        if (done == count && unchanged(source)) {
+            if (g.drop_lag) {
+                pthread_mutex_lock(&source->lock);
+                served(source, position, position + (off_t)count, g.drop_lag);
+                pthread_mutex_unlock(&source->lock);
+            }
+            count_read(size, count);
+            return reply(bufp, count, NULL, pipe->read_fd);
+        }
+        pipe_drain(pipe);
+        goto python;
+    }
+    char *memory = malloc(count);
+    if (memory == NULL) return -ENOMEM;
+    size_t done = 0;
+    while (done < count) {
+        ssize_t got = pread(source->fd, memory + done, count - done, position + (off_t)done);
+        if (got > 0) {
+            done += (size_t)got;
+        } else if (got < 0 && errno == EINTR) {
+            continue;
+        } else {
+            break;
+        }
+    }
+    if (done == count && unchanged(source)) {
+        if (g.drop_lag && count >= SMALL_RUN) { /* shorter reads never start a run: skip the lock */
+            pthread_mutex_lock(&source->lock);
+            served(source, position, position + (off_t)count, g.drop_lag);
+            pthread_mutex_unlock(&source->lock);
+        }
+        count_read(size, count);
+        return reply(bufp, count, memory, -1);
+    }
+    free(memory);
+python:
+    return g.py.read_buf ? g.py.read_buf(path, bufp, size, offset, fi) : -EIO;
+}
+
+/* -- the Python side ---------------------------------------------------------------------------------- */
+
+static void release_tables(void) {
+    for (uint32_t i = 0; i < g.source_count; i++) {
+        source_t *source = &g.sources[i];
+        if (source->fd >= 0) {
+            for (int r = 0; r < source->nruns; r++) drop(source->fd, source->runs[r].start, source->runs[r].end);
+            close(source->fd);
+        }
+        pthread_mutex_destroy(&source->lock);
+    }
+    free(g.nodes);
+    free(g.children);
+    free(g.slots);
+    free(g.names);
+    free(g.sources);
+    g.nodes = NULL;
+    g.children = g.slots = NULL;
+    g.names = NULL;
+    g.sources = NULL;
+    g.node_count = g.source_count = 0;
+    g.names_len = g.names_cap = 0;
+}
+
+static int add_name(const char *name, size_t len) {
+    if (g.names_len + len + 1 > g.names_cap) {
+        size_t capacity = g.names_cap ? g.names_cap * 2 : 1 << 16;
+        while (capacity < g.names_len + len + 1) capacity *= 2;
+        char *grown = realloc(g.names, capacity);
+        if (!grown) return -1;
+        g.names = grown;
+        g.names_cap = capacity;
+    }
+    memcpy(g.names + g.names_len, name, len);
+    g.names[g.names_len + len] = '\0';
+    return 0;
+}
+
+/* Where the __slots__ member name of type keeps its value in an instance (-1: not a plain slot). The tree's
+ * classes are slotted: reading the slot at its offset is a tenth of PyObject_GetAttr, and build() reads five
+ * for each of hundreds of thousands of nodes. */
+static Py_ssize_t slot_offset(PyObject *type, PyObject *name) {
+    PyObject *descriptor = PyObject_GetAttr(type, name);
+    Py_ssize_t offset = -1;
+    if (descriptor == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) offset = member->offset;
+    }
+    Py_DECREF(descriptor);
+    return offset;
+}
+
+/* A new reference to object.name: from its slot at offset, or by attribute lookup. */
+static PyObject *get(PyObject *object, Py_ssize_t offset, PyObject *name) {
+    if (offset < 0) return PyObject_GetAttr(object, name);
+    PyObject *value = *(PyObject **)((char *)object + offset);
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "%S has no value for %S", Py_TYPE(object), name);
+        return NULL;
+    }
+    Py_INCREF(value);
+    return value;
+}
+
+static int get_int64(PyObject *object, Py_ssize_t offset, PyObject *name, int64_t *out) {
+    PyObject *value = get(object, offset, name);
+    if (!value) return -1;
+    long long number = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    if (number == -1 && PyErr_Occurred()) return -1;
+    *out = number;
+    return 0;
+}
+
+static PyObject *s_inode, *s_mtime_ns, *s_size, *s_children, *s_segments, *s_key, *s_offset;
+
+/* build(root, dir_type, file_type, range_type, inodes, spliceable) -> ([source key, ...], C's files, Python's)
+ *
+ * The tables for the tree under root (inodes: the highest inode + 1). A file of one segment of exactly
+ * range_type, with spliceable true, is C's (its source gets an index, in the returned list's order); every
+ * other file is Python's. */
+static PyObject *build(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *root, *dir_type, *file_type, *range_type;
+    unsigned long long inodes;
+    int spliceable;
+    if (!PyArg_ParseTuple(args, "OOOOKp", &root, &dir_type, &file_type, &range_type, &inodes, &spliceable))
+        return NULL;
+    if (g.installed) {
+        PyErr_SetString(PyExc_RuntimeError, "the tables are in use by a session");
+        return NULL;
+    }
+    release_tables();
+    if (inodes < 2 || inodes > UINT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "inode count out of range");
+        return NULL;
+    }
+    PyObject *keys = PyList_New(0), *key_index = PyDict_New(), *queue = PyList_New(0);
+    if (!keys || !key_index || !queue) goto fail;
+    g.node_count = (uint32_t)inodes;
+    g.nodes = calloc(inodes, sizeof *g.nodes);
+    g.children = calloc(inodes, sizeof *g.children);
+    uint32_t slots = 1024;
+    while (slots < inodes * 2) slots *= 2;
+    g.slots = calloc(slots, sizeof *g.slots);
+    g.slot_mask = slots - 1;
+    if (!g.nodes || !g.children || !g.slots || add_name("", 0) < 0) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    g.names_len = 1;
+    Py_ssize_t dir_inode = slot_offset(dir_type, s_inode), dir_mtime = slot_offset(dir_type, s_mtime_ns),
+               dir_children = slot_offset(dir_type, s_children), file_inode = slot_offset(file_type, s_inode),
+               file_mtime = slot_offset(file_type, s_mtime_ns), file_size = slot_offset(file_type, s_size),
+               file_segments = slot_offset(file_type, s_segments), range_key = slot_offset(range_type, s_key),
+               range_offset = slot_offset(range_type, s_offset);
+    if ((PyObject *)Py_TYPE(root) != dir_type) {
+        PyErr_SetString(PyExc_TypeError, "the root is not a folder");
+        goto fail;
+    }
+    int64_t value;
+    if (get_int64(root, dir_inode, s_inode, &value) < 0) goto fail;
+    if (value != 1) {
+        PyErr_SetString(PyExc_ValueError, "the root is not inode 1");
+        goto fail;
+    }
+    if (get_int64(root, dir_mtime, s_mtime_ns, &g.nodes[1].mtime_ns) < 0) goto fail;
+    g.nodes[1].parent = 1;
+    g.nodes[1].kind = DIR_NATIVE;
+    if (PyList_Append(queue, root) < 0) goto fail;
+    uint64_t filled = 0; /* entries of children used */
+    unsigned long long native_files = 0, python_files = 0;
+    for (Py_ssize_t next = 0; next < PyList_GET_SIZE(queue); next++) {
+        PyObject *folder = PyList_GET_ITEM(queue, next);
+        int64_t folder_inode;
+        if (get_int64(folder, dir_inode, s_inode, &folder_inode) < 0) goto fail;
+        node_t *parent = &g.nodes[folder_inode];
+        PyObject *entries = get(folder, dir_children, s_children);
+        if (!entries) goto fail;
+        if (!PyDict_Check(entries)) {
+            Py_DECREF(entries);
+            PyErr_SetString(PyExc_TypeError, "a folder's children are not a dict");
+            goto fail;
+        }
+        parent->offset = filled;
+        parent->size = (uint64_t)PyDict_GET_SIZE(entries);
+        if (filled + parent->size > inodes) {
+            Py_DECREF(entries);
+            PyErr_SetString(PyExc_ValueError, "more entries than inodes");
+            goto fail;
+        }
+        Py_ssize_t position = 0;
+        PyObject *name, *entry;
+        while (PyDict_Next(entries, &position, &name, &entry)) {
+            int is_folder = (PyObject *)Py_TYPE(entry) == dir_type;
+            if (!is_folder && (PyObject *)Py_TYPE(entry) != file_type) {
+                Py_DECREF(entries);
+                PyErr_SetString(PyExc_TypeError, "an entry is neither a folder nor a file");
+                goto fail;
+            }
+            int64_t inode;
+            if (get_int64(entry, is_folder ? dir_inode : file_inode, s_inode, &inode) < 0) {
+                Py_DECREF(entries);
+                goto fail;
+            }
+            if (inode < 2 || (uint64_t)inode >= inodes || g.nodes[inode].kind != ABSENT) {
+                Py_DECREF(entries);
+                PyErr_Format(PyExc_ValueError, "inode %lld is out of range or in two places", (long long)inode);
+                goto fail;
+            }
+            node_t *node = &g.nodes[inode];
+            g.children[filled++] = (uint32_t)inode;
+            node->parent = (uint32_t)folder_inode;
+            if (get_int64(entry, is_folder ? dir_mtime : file_mtime, s_mtime_ns, &node->mtime_ns) < 0) {
+                Py_DECREF(entries);
+                goto fail;
+            }
+            PyObject *encoded = NULL; /* names kept as str are encoded as mfusepy decodes paths */
+            const char *bytes = NULL;
+            Py_ssize_t len = 0;
+            if (PyUnicode_Check(name) && PyUnicode_IS_COMPACT_ASCII(name)) {
+                bytes = PyUnicode_DATA(name); /* ASCII is its own UTF-8 */
+                len = PyUnicode_GET_LENGTH(name);
+            } else if (PyUnicode_Check(name) &&
+                       (encoded = PyUnicode_AsEncodedString(name, "utf-8", "surrogateescape")) != NULL) {
+                bytes = PyBytes_AS_STRING(encoded);
+                len = PyBytes_GET_SIZE(encoded);
+            }
+            if (bytes && len > 0 && len <= 255 && !memchr(bytes, '/', (size_t)len) && !memchr(bytes, '\0', (size_t)len)) {
+                node->name = (uint32_t)g.names_len;
+                node->name_len = (uint8_t)len;
+                if (g.names_len + (size_t)len + 1 > UINT32_MAX || add_name(bytes, (size_t)len) < 0) {
+                    Py_XDECREF(encoded);
+                    Py_DECREF(entries);
+                    PyErr_NoMemory();
+                    goto fail;
+                }
+                g.names_len += (size_t)len + 1;
+                uint32_t slot = hash_name((uint32_t)folder_inode, bytes, (size_t)len) & g.slot_mask;
+                while (g.slots[slot]) slot = (slot + 1) & g.slot_mask;
+                g.slots[slot] = (uint32_t)inode;
+            } else { /* a name the kernel can never ask for: Python lists this folder, as it always has */
+                PyErr_Clear();
+                parent->kind = DIR_PYTHON;
+                node->name = 0;
+                node->name_len = 0;
+            }
+            Py_XDECREF(encoded);
+            if (is_folder) {
+                if (node->kind == ABSENT) node->kind = DIR_NATIVE; /* not if it lists a name C cannot keep */
+                if (PyList_Append(queue, entry) < 0) {
+                    Py_DECREF(entries);
+                    goto fail;
+                }
+                continue;
+            }
+            int64_t size;
+            if (get_int64(entry, file_size, s_size, &size) < 0) {
+                Py_DECREF(entries);
+                goto fail;
+            }
+            node->size = (uint64_t)size;
+            node->kind = FILE_PYTHON;
+            PyObject *segments = get(entry, file_segments, s_segments);
+            if (!segments) {
+                Py_DECREF(entries);
+                goto fail;
+            }
+            if (spliceable && PyTuple_Check(segments) && PyTuple_GET_SIZE(segments) == 1 &&
+                (PyObject *)Py_TYPE(PyTuple_GET_ITEM(segments, 0)) == range_type) {
+                PyObject *segment = PyTuple_GET_ITEM(segments, 0);
+                PyObject *key = get(segment, range_key, s_key);
+                int64_t offset;
+                int ok = key != NULL && PyUnicode_Check(key) && get_int64(segment, range_offset, s_offset, &offset) == 0 &&
+                         offset >= 0;
+                if (ok) {
+                    PyObject *known = PyDict_GetItemWithError(key_index, key);
+                    if (known) {
+                        node->source = (uint32_t)PyLong_AsUnsignedLong(known);
+                    } else if (!PyErr_Occurred()) {
+                        PyObject *number = PyLong_FromSsize_t(PyList_GET_SIZE(keys));
+                        ok = number && PyDict_SetItem(key_index, key, number) == 0 && PyList_Append(keys, key) == 0;
+                        node->source = (uint32_t)(PyList_GET_SIZE(keys) - 1);
+                        Py_XDECREF(number);
+                    } else {
+                        ok = 0;
+                    }
+                }
+                if (ok) {
+                    node->offset = (uint64_t)offset;
+                    node->kind = FILE_NATIVE;
+                }
+                Py_XDECREF(key);
+                if (!ok && PyErr_Occurred()) {
+                    Py_DECREF(segments);
+                    Py_DECREF(entries);
+                    goto fail;
+                }
+            }
+            Py_DECREF(segments);
+            if (node->kind == FILE_NATIVE)
+                native_files++;
+            else
+                python_files++;
+        }
+        Py_DECREF(entries);
+    }
+    g.source_count = (uint32_t)PyList_GET_SIZE(keys);
+    g.sources = calloc(g.source_count ? g.source_count : 1, sizeof *g.sources);
+    if (!g.sources) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (uint32_t i = 0; i < g.source_count; i++) {
+        g.sources[i].fd = -1;
+        pthread_mutex_init(&g.sources[i].lock, NULL);
+    }
+    Py_DECREF(key_index);
+    Py_DECREF(queue);
+    return Py_BuildValue("(NKK)", keys, native_files, python_files);
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(key_index);
+    Py_XDECREF(queue);
+    release_tables();
+    return NULL;
+}
+
+/* set_source(index, fd, size, mtime_ns): C reads source index from its own duplicate of fd, pinned there. */
+static PyObject *set_source(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned int index;
+    int fd;
+    long long size, mtime_ns;
+    if (!PyArg_ParseTuple(args, "IiLL", &index, &fd, &size, &mtime_ns)) return NULL;
+    if (index >= g.source_count || g.installed) {
+        PyErr_SetString(PyExc_ValueError, "no such source, or the session has started");
+        return NULL;
+    }
+    int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    source_t *source = &g.sources[index];
+    if (source->fd >= 0) close(source->fd);
+    source->fd = copy;
+    source->size = size;
+    source->mtime_ns = mtime_ns;
+    source->changed = 0;
+    Py_RETURN_NONE;
+}
+
+/* configure(uid, gid, drop_lag, (f_bsize, f_frsize, f_blocks, f_files, f_namemax), stats) */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned int uid, gid;
+    long long drop_lag;
+    unsigned long bsize, frsize, namemax;
+    unsigned long long blocks, files;
+    int stats;
+    if (!PyArg_ParseTuple(args, "IIL(kkKKk)p", &uid, &gid, &drop_lag, &bsize, &frsize, &blocks, &files, &namemax,
+                          &stats))
+        return NULL;
+    g.uid = uid;
+    g.gid = gid;
+    g.drop_lag = drop_lag;
+    memset(&g.statfs, 0, sizeof g.statfs);
+    g.statfs.f_bsize = bsize;
+    g.statfs.f_frsize = frsize;
+    g.statfs.f_blocks = blocks;
+    g.statfs.f_files = files;
+    g.statfs.f_namemax = namemax;
+    g.stats = stats;
+    Py_RETURN_NONE;
+}
+
+#define OPS_FIELDS(X) X(getattr) X(open) X(statfs) X(flush) X(release) X(opendir) X(readdir) X(releasedir) X(read_buf)
+
+/* install(address, size): put the C callbacks in the struct fuse_operations at address (mfusepy's, before it
+ * calls fuse_main_real), keeping the Python ones it holds to call for the rest. */
+static PyObject *install(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long address;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "Kn", &address, &size)) return NULL;
+    if (g.nodes == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "build() first");
+        return NULL;
+    }
+    if (address == 0 || (size_t)size < offsetof(struct fuse_operations, read_buf) + sizeof(void *)) {
+        PyErr_SetString(PyExc_ValueError, "not a struct fuse_operations this module knows");
+        return NULL;
+    }
+    struct fuse_operations *ops = (struct fuse_operations *)(uintptr_t)address;
+#define SAVE(name) g.py.name = ops->name;
+    OPS_FIELDS(SAVE)
+#undef SAVE
+    /* Only where Python answers today: libfuse answers a missing opendir or releasedir itself, and a missing
+     * flush once (ENOSYS), after which the kernel sends no more. */
+#define REPLACE(name)                                                                                               \
+    if (ops->name) ops->name = n_##name;
+    OPS_FIELDS(REPLACE)
+#undef REPLACE
+    g.installed = 1;
+    Py_RETURN_NONE;
+}
+
+/* close(): after the session, close the duplicates (dropping what drop-behind still follows), free the tables. */
+static PyObject *close_tables(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    g.installed = 0;
+    release_tables();
+    memset(&g.py, 0, sizeof g.py);
+    Py_RETURN_NONE;
+}
+
+/* counts() -> (calls, read_sizes, read_bytes): what the C callbacks answered (counted with stats on). */
+static PyObject *counts(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *calls = PyDict_New(), *sizes = PyDict_New();
+    if (!calls || !sizes) goto fail;
+    for (int i = 0; i < C_COUNT; i++) {
+        uint64_t number = __atomic_load_n(&g.calls[i], __ATOMIC_RELAXED);
+        if (number == 0) continue;
+        PyObject *value = PyLong_FromUnsignedLongLong(number);
+        if (!value || PyDict_SetItemString(calls, call_names[i], value) < 0) {
+            Py_XDECREF(value);
+            goto fail;
+        }
+        Py_DECREF(value);
+    }
+    pthread_mutex_lock(&g.size_lock);
+    for (int slot = 0; slot < SIZE_SLOTS; slot++) {
+        if (g.sizes[slot][0] == 0) continue;
+        PyObject *key = PyLong_FromUnsignedLongLong(g.sizes[slot][0] - 1);
+        PyObject *value = PyLong_FromUnsignedLongLong(g.sizes[slot][1]);
+        int failed = !key || !value || PyDict_SetItem(sizes, key, value) < 0;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (failed) {
+            pthread_mutex_unlock(&g.size_lock);
+            goto fail;
+        }
+    }
+    pthread_mutex_unlock(&g.size_lock);
+    return Py_BuildValue("(NNK)", calls, sizes, (unsigned long long)__atomic_load_n(&g.read_bytes, __ATOMIC_RELAXED));
+fail:
+    Py_XDECREF(calls);
+    Py_XDECREF(sizes);
+    return NULL;
+}
+
+/* lookup(path bytes) -> inode or 0 (for the tests) */
+static PyObject *py_lookup(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path;
+    if (!PyArg_ParseTuple(args, "y", &path)) return NULL;
+    if (g.nodes == NULL) return PyLong_FromLong(0);
+    return PyLong_FromUnsignedLong(lookup(path));
+}
+
+/* layout() -> {name: (offset, size)}: where this module writes in struct fuse_operations and what it packs, for
+ * tests/test_libfuse_layout.py to compare with mfusepy's ctypes structures. */
+static PyObject *layout(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue(
+        "{s(nn)s(nn)s(nn)s(nn)s(nn)s(nn)s(nn)s(nn)s(nn)s(nn)s(nn)s(nn)}", "getattr",
+        offsetof(struct fuse_operations, getattr), sizeof(void *), "open", offsetof(struct fuse_operations, open),
+        sizeof(void *), "statfs", offsetof(struct fuse_operations, statfs), sizeof(void *), "flush",
+        offsetof(struct fuse_operations, flush), sizeof(void *), "release",
+        offsetof(struct fuse_operations, release), sizeof(void *), "opendir",
+        offsetof(struct fuse_operations, opendir), sizeof(void *), "readdir",
+        offsetof(struct fuse_operations, readdir), sizeof(void *), "releasedir",
+        offsetof(struct fuse_operations, releasedir), sizeof(void *), "read_buf",
+        offsetof(struct fuse_operations, read_buf), sizeof(void *), "fuse_operations",
+        (Py_ssize_t)0, sizeof(struct fuse_operations), "fuse_file_info.fh", offsetof(struct fuse_file_info, fh),
+        sizeof(((struct fuse_file_info *)0)->fh), "stat", (Py_ssize_t)0, sizeof(struct stat));
+}
+
+static PyMethodDef methods[] = {
+    {"build", build, METH_VARARGS, "build(root, dir_type, file_type, range_type, inodes, spliceable) -> source keys"},
+    {"set_source", set_source, METH_VARARGS, "set_source(index, fd, size, mtime_ns): C reads it from a dup of fd"},
+    {"configure", configure, METH_VARARGS, "configure(uid, gid, drop_lag, statfs, stats)"},
+    {"install", install, METH_VARARGS, "install(address, size): C callbacks into a struct fuse_operations"},
+    {"close", close_tables, METH_NOARGS, "close(): after the session, close descriptors and free the tables"},
+    {"counts", counts, METH_NOARGS, "counts() -> (calls, read_sizes, read_bytes) answered in C"},
+    {"lookup", py_lookup, METH_VARARGS, "lookup(path) -> inode, 0 if none"},
+    {"layout", layout, METH_NOARGS, "layout() -> {name: (offset, size)} of what this module writes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "stfs._native", "FUSE requests answered in C.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+#define INTERN(name)                                                                                                \
+    if (!(s_##name = PyUnicode_InternFromString(#name))) return NULL;
+    INTERN(inode) INTERN(mtime_ns) INTERN(size) INTERN(children) INTERN(segments) INTERN(key) INTERN(offset)
+#undef INTERN
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,250 @@
+"""stfs._native, the C in front of the Python callbacks: that it serves, that it answers exactly as the Python
+path does (attributes, listings, bytes at every boundary, errors), that it hands Python what it must (a changed or
+truncated source: EIO and one log line), and that an install without it, or STFS_NATIVE=0, serves from Python."""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stfs.daemon import mounted
+from tests.helpers import IN_CI, read_cold, run, tensor_path
+from tests.models import write_numpy
+
+pytestmark = pytest.mark.timeout(120)
+
+BUILT = importlib.util.find_spec("stfs._native") is not None
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def require_native(require_fuse: None) -> None:
+    if not BUILT:
+        if IN_CI:
+            pytest.fail("stfs._native is not built in CI (libfuse3-dev and gcc are installed there)")
+        pytest.skip("stfs._native is not built here (python3 setup.py build_ext --inplace)")
+
+
+def model(folder: Path) -> str:
+    """Tensors of many sizes (empty, under a page, unaligned, several MiB) and names the tree must escape."""
+    rng = np.random.default_rng(7)
+    arrays = {
+        "empty": np.zeros(0, dtype=np.float32),
+        "tiny": np.arange(3, dtype=np.uint8),
+        "page": rng.integers(0, 256, 4096, dtype=np.uint8),
+        "odd": rng.integers(0, 256, 12345, dtype=np.uint8),
+        "layers.0.big": rng.standard_normal((3 << 20) // 4).astype(np.float32),
+        "layers.0.half": rng.standard_normal(5000).astype(np.float16),
+        "layers.1.weight": rng.standard_normal(70000).astype(np.float32),
+        "layers.1": rng.standard_normal(10).astype(np.float32),  # a folder and a file: the file is layers/1/%
+        "naïve-名前 %/x": np.ones(5, dtype=np.int8),
+        "l" * 300: np.ones(2, dtype=np.int16),  # shortened with a hash
+    }
+    return write_numpy(str(folder / "m.safetensors"), arrays, metadata={"note": "x" * 5000})
+
+
+def walk(mnt: str) -> list[tuple[object, ...]]:
+    """Every entry in listing order with its attributes and (read cold) bytes: what a mount answers."""
+    found: list[tuple[object, ...]] = []
+    pending = [""]
+    while pending:
+        relative = pending.pop()
+        folder = os.path.join(mnt, relative)
+        with os.scandir(folder) as entries:
+            names = [(entry.name, entry.inode(), entry.is_dir(follow_symlinks=False)) for entry in entries]
+        found.append(("dir", relative, tuple(names)))
+        for name, _, is_dir in names:
+            path = os.path.join(relative, name)
+            info = os.lstat(os.path.join(mnt, path))
+            attributes = (
+                info.st_mode,
+                info.st_ino,
+                info.st_nlink,
+                info.st_size,
+                info.st_blocks,
+                info.st_blksize,
+                info.st_uid,
+                info.st_gid,
+                info.st_mtime_ns,
+                info.st_ctime_ns,
+            )
+            if is_dir:
+                pending.append(path)
+                found.append(("folder", path, attributes))
+            else:
+                found.append(("file", path, attributes, read_cold(os.path.join(mnt, path))))
+    return found
+
+
+def test_both_paths_answer_alike(tmp_path: Path, require_native: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    model(folder)
+    # files/ mirrors the folder: names that are not UTF-8, and non-ASCII ones, reach C as the kernel spells them
+    with open(os.path.join(os.fsencode(folder), b"config-\xff\xfe.json"), "wb") as stream:
+        stream.write(b"{}" * 5000)
+    (folder / "tokenizer-名前.txt").write_bytes(os.urandom(9000))
+    source = str(folder)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "py").mkdir()
+    options = ["view=npy,view=f32"]
+    with mounted(source, str(tmp_path / "c"), options=options) as mnt:
+        native = walk(mnt)
+        native_statfs = os.statvfs(mnt)
+    monkeypatch.setenv("STFS_NATIVE", "0")
+    with mounted(source, str(tmp_path / "py"), options=options) as mnt:
+        python = walk(mnt)
+        python_statfs = os.statvfs(mnt)
+    assert native == python
+    assert len(native) > 30
+    assert native_statfs == python_statfs
+
+
+def test_reads_at_every_boundary(mount: object, tmp_path: Path, require_native: None) -> None:
+    source = model(tmp_path)
+    mnt = mount(source)  # type: ignore[operator]
+    path = tensor_path(mnt, "layers.0.big")
+    with open(source, "rb") as stream:
+        header = int.from_bytes(stream.read(8), "little")
+        stream.seek(0)
+        whole = stream.read()
+    start = 8 + header + json.loads(whole[8 : 8 + header])["layers.0.big"]["data_offsets"][0]
+    expected = whole[start : start + os.path.getsize(path)]
+    size = len(expected)
+    cases = [(0, 0), (0, 1), (1, 4095), (0, 4096), (4095, 2), (100, 8191), (0, 8192), (12345, 1 << 20)]
+    cases += [(size - 1, 10), (size - 5000, 9000), (size, 4096), (size + 4096, 4096), (7, size)]
+    for offset, count in cases:
+        assert read_cold(path, offset, count) == expected[offset : offset + count], (offset, count)
+
+
+def background(source: str, mnt: Path, log_file: Path, *more: str, env: dict[str, str] | None = None) -> None:
+    mnt.mkdir(exist_ok=True)
+    result = run(["stfs", "mount", source, str(mnt), "--log-file", str(log_file), *more], env=env)
+    assert result.returncode == 0, result.stderr
+
+
+def unmount(mnt: Path, env: dict[str, str] | None = None) -> None:
+    assert run(["stfs", "unmount", str(mnt)], env=env).returncode == 0
+
+
+def test_the_c_path_serves_and_is_counted(tmp_path: Path, require_native: None) -> None:
+    source = model(tmp_path)
+    mnt, log_file, stats = tmp_path / "mnt", tmp_path / "log", tmp_path / "stats.json"
+    background(source, mnt, log_file, env=dict(os.environ, STFS_STATS=str(stats)))
+    try:
+        data = read_cold(tensor_path(str(mnt), "layers.0.big"))
+        assert len(data) == 3 << 20
+        os.listdir(mnt / "tensors" / "layers")
+    finally:
+        unmount(mnt)
+    lines = log_file.read_text().splitlines()
+    assert [line for line in lines if "answered in C" in line], lines
+    assert not [line for line in lines if "served from Python" in line]
+    counted = json.loads(stats.read_text())
+    assert counted["read_bytes"] >= len(data)  # the C reads are in the daemon's counters
+    assert counted["calls"]["readdir_fuse_3"] >= 1
+
+
+def test_stfs_native_0_serves_from_python(tmp_path: Path, require_fuse: None) -> None:
+    source = model(tmp_path)
+    mnt, log_file = tmp_path / "mnt", tmp_path / "log"
+    background(source, mnt, log_file, env=dict(os.environ, STFS_NATIVE="0"))
+    try:
+        assert read_cold(tensor_path(str(mnt), "tiny")) == bytes([0, 1, 2])
+    finally:
+        unmount(mnt)
+    lines = log_file.read_text().splitlines()
+    assert len([line for line in lines if "served from Python (STFS_NATIVE=0)" in line]) == 1, lines
+    assert not [line for line in lines if "answered in C" in line]
+
+
+def test_an_install_without_the_extension_serves_from_python(tmp_path: Path, require_fuse: None) -> None:
+    """The package as a build without a compiler leaves it: no stfs/_native*.so. One line says so."""
+    package = tmp_path / "site"
+    shutil.copytree(REPO / "stfs", package / "stfs", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(package))
+    probe = run(
+        [sys.executable, "-c", "import stfs, importlib.util as u; print(u.find_spec('stfs._native'))"],
+        env=env,
+        cwd=tmp_path,  # not the checkout, whose stfs/ has the extension
+    )
+    assert probe.stdout.strip() == "None", probe
+    source = model(tmp_path)
+    mnt, log_file = tmp_path / "mnt", tmp_path / "log"
+    mnt.mkdir()
+    result = run(
+        [sys.executable, "-m", "stfs", "mount", source, str(mnt), "--log-file", str(log_file)], env=env, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    try:
+        assert read_cold(tensor_path(str(mnt), "odd"))[:3] == read_cold(tensor_path(str(mnt), "odd"), 0, 3)
+        assert len(os.listdir(mnt / "tensors")) > 3
+    finally:
+        assert run([sys.executable, "-m", "stfs", "unmount", str(mnt)], env=env, cwd=tmp_path).returncode == 0
+    lines = log_file.read_text().splitlines()
+    missing = [line for line in lines if "stfs._native is not built" in line]
+    assert len(missing) == 1 and " WARNING " in missing[0], lines
+
+
+@pytest.mark.parametrize("how", ["truncate", "touch"])
+def test_a_changed_source_is_eio_with_one_line_and_the_daemon_serves_on(
+    tmp_path: Path, require_native: None, how: str
+) -> None:
+    source = model(tmp_path)
+    other = write_numpy(str(tmp_path / "other.safetensors"), {"w": np.arange(50000, dtype=np.float32)})
+    folder = tmp_path / "models"
+    folder.mkdir()
+    os.rename(source, folder / "m.safetensors")
+    os.rename(other, folder / "other.safetensors")
+    source = str(folder / "m.safetensors")
+    mnt, log_file = tmp_path / "mnt", tmp_path / "log"
+    background(str(folder), mnt, log_file)
+    try:
+        big = tensor_path(str(mnt / "m"), "layers.0.big")
+        size = os.path.getsize(big)
+        if how == "truncate":
+            os.truncate(source, os.path.getsize(source) - size // 2)
+        else:
+            os.utime(source, ns=(1, 1))
+        for offset, count in [(0, 4096), (size - 8192, 8192), (0, 1 << 20), (size // 2, 4096)] * 2:
+            with pytest.raises(OSError) as caught:
+                read_cold(big, offset, count)  # the pread (one page) and the splice (more) paths alike
+            assert caught.value.errno == errno.EIO
+        assert read_cold(tensor_path(str(mnt / "other"), "w")) == np.arange(50000, dtype=np.float32).tobytes()
+        assert "m.safetensors" in json.dumps(json.loads(os.getxattr(mnt, "user.stfs.changed")))
+    finally:
+        unmount(mnt)
+    errors = [line for line in log_file.read_text().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "m.safetensors" in errors[0], errors
+
+
+def test_threads_read_the_right_bytes(mount: object, tmp_path: Path, require_native: None) -> None:
+    source = model(tmp_path)
+    mnt = mount(source, options=["threads"])  # type: ignore[operator]
+    path = tensor_path(mnt, "layers.0.big")
+    expected = read_cold(path)
+    wrong: list[tuple[int, int]] = []
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            offset = int(rng.integers(0, len(expected)))
+            count = int(rng.choice([1, 4096, 8192, 65536, 1 << 20]))
+            if read_cold(path, offset, count) != expected[offset : offset + count]:
+                wrong.append((offset, count))
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
