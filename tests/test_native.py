@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+import sysconfig
 import threading
 from pathlib import Path
 
@@ -171,9 +172,13 @@ def test_an_install_without_the_extension_serves_from_python(tmp_path: Path, req
     """The package as a build without a compiler leaves it: no stfs/_native*.so. One line says so."""
     package = tmp_path / "site"
     shutil.copytree(REPO / "stfs", package / "stfs", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    env = dict(os.environ, PYTHONPATH=str(package))
+    # -S: site-packages by path, without its .pth files: an editable install of the checkout (CI's) puts a finder
+    # there that would find the checkout's extension for the copied package too
+    site_packages = sysconfig.get_paths()["purelib"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(package), site_packages]))
+    python = [sys.executable, "-S"]
     probe = run(
-        [sys.executable, "-c", "import stfs, importlib.util as u; print(u.find_spec('stfs._native'))"],
+        [*python, "-c", "import stfs, importlib.util as u; print(u.find_spec('stfs._native'))"],
         env=env,
         cwd=tmp_path,  # not the checkout, whose stfs/ has the extension
     )
@@ -181,15 +186,13 @@ def test_an_install_without_the_extension_serves_from_python(tmp_path: Path, req
     source = model(tmp_path)
     mnt, log_file = tmp_path / "mnt", tmp_path / "log"
     mnt.mkdir()
-    result = run(
-        [sys.executable, "-m", "stfs", "mount", source, str(mnt), "--log-file", str(log_file)], env=env, cwd=tmp_path
-    )
+    result = run([*python, "-m", "stfs", "mount", source, str(mnt), "--log-file", str(log_file)], env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     try:
         assert read_cold(tensor_path(str(mnt), "odd"))[:3] == read_cold(tensor_path(str(mnt), "odd"), 0, 3)
         assert len(os.listdir(mnt / "tensors")) > 3
     finally:
-        assert run([sys.executable, "-m", "stfs", "unmount", str(mnt)], env=env, cwd=tmp_path).returncode == 0
+        assert run([*python, "-m", "stfs", "unmount", str(mnt)], env=env, cwd=tmp_path).returncode == 0
     lines = log_file.read_text().splitlines()
     missing = [line for line in lines if "stfs._native is not built" in line]
     assert len(missing) == 1 and " WARNING " in missing[0], lines
