@@ -426,7 +426,8 @@ class StfsFUSE(mfusepy.FUSE):
                     if spliced > pipe.limit:
                         break
                     try:
-                        moved = self._splice_into(segment.key, segment.offset + start, length, pipe.write_fd)
+                        span = (segment.offset, segment.offset + segment.size)
+                        moved = self._splice_into(segment.key, segment.offset + start, length, pipe.write_fd, span)
                     except FuseOSError:
                         raise
                     except Exception as exc:

@@ -24,21 +24,27 @@ in the process that uses it, after any fork (``daemon.run_background`` plans in 
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import struct
+import termios
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from cachetools import LRUCache
-
-from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SourceChanged
+from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, PAGE, FileInfo, Kind, SourceChanged
+from .block_cache import Slot, SlotCache
 from .disk_cache import DiskCache
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
+
+if TYPE_CHECKING:
+    from .http_client import HttpClient
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +54,15 @@ FIRST_READ = 100_000  # the Hub's own metadata reader asks for this much: most h
 FORWARD_SLACK = 16 * MIB  # the kernel's readahead may skip ahead this far and still be one sequential reader
 BACKWARD_SLACK = 1 * MIB
 FIRST_WINDOW = 2  # blocks fetched ahead of a reader that has just shown it is sequential
-MAX_WINDOW_BYTES = 96 * MIB  # fetched ahead at most: in flight beside the cache, so bounded apart from it
+MAX_WINDOW_BYTES = 96 * MIB  # fetched ahead at most (into the cache's slots)
+JUMP_PROOF = 16 * MIB  # read on from a jump before it counts as sequential (a 4 MiB tensor through mmap never does)
+MAX_STREAMS = 8  # readers followed per file
 WORKERS = 16
 
 T = TypeVar("T")
+
+
+Part = bytes | tuple[Slot, int, int]  # bytes of the first read, or (a used slot, where in the memfd, how many)
 
 
 class RangeIgnored(OSError):
@@ -93,6 +104,10 @@ class Transport:
 
     def list(self, store: Any, key: str) -> list[str] | None:
         """Keys of every file at or below ``key`` (a file or a folder), sorted; ``None`` if the store cannot list."""
+        return None
+
+    def client(self) -> HttpClient | None:
+        """A client that reads a range straight into memory given (plain HTTP(S)); ``None``: through obstore."""
         return None
 
     def describe(self, key: str) -> Listing | None:
@@ -161,22 +176,22 @@ class RemoteFiles:
     ) -> None:
         self.transport = transport
         self.timeout = timeout
-        # A piece larger than the whole cache could not be kept at all (cachetools refuses it).
-        self.block_size = max(64 * 1024, min(block_size, cache_size // 4))
-        # The window is in flight beside the cache, and obstore holds each fetch twice while it assembles it:
-        # an eighth of a small cache keeps the daemon within cache + 150 MiB (bench: 256M peaked at 423 MiB with
-        # a quarter, 375-391 MiB with an eighth); from 768 MiB up the window is MAX_WINDOW_BYTES either way.
-        self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES, cache_size // 8) // self.block_size)
+        # A slot larger than a 32nd of the cache would leave too few for the readers and the window at once.
+        self.block_size = max(256 * 1024, min(block_size, cache_size // 32))
         self.disk_cache = disk_cache
         self.ranges_required = ranges_required
         self._store: Any = None
         self._lock = threading.Lock()
         self._pins: dict[str, _Pin] = {}
         self._pinning: dict[str, threading.Lock] = {}
-        # (key, block) -> [(lo, hi, data)]: the fetched pieces of one block (a piece is clipped to a span)
-        self._blocks: LRUCache = LRUCache(maxsize=cache_size, getsizeof=lambda pieces: sum(len(p[2]) for p in pieces))
+        self._cache: SlotCache | None = None  # made on the first data read: info and check never map it
+        self._cache_size = cache_size
+        # The window is fetched into slots: at most a quarter of them, so readers always find free ones.
+        slots = max(4, cache_size // self.block_size)
+        self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES // self.block_size, slots // 4))
         self._fetching: dict[tuple[str, int, int, int], Future] = {}
-        self._streams: LRUCache = LRUCache(maxsize=256)  # (key, span start) -> [next offset, window]
+        self._streams: dict[str, list[_Stream]] = {}  # key -> its readers, most recent last
+        self._lent = threading.local()  # slots this thread's pipe holds pages of
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self.requests = 0
@@ -222,34 +237,48 @@ class RemoteFiles:
 
     def read_into(self, key: str, offset: int, buffer: memoryview, span: tuple[int, int] | None = None) -> int:
         """Fill ``buffer`` with bytes of ``key`` from ``offset``; ``span`` bounds fetches and readahead (a tensor)."""
-        pin = self._pin(key)
-        if pin.changed:
-            raise SourceChanged(f"{key} has changed since it was mounted")
-        low, high = span if span is not None else (0, pin.size)
-        count = min(len(buffer), pin.size - offset)
-        if count <= 0:
-            return 0
         view = buffer.cast("B") if buffer.format != "B" else buffer
-        if offset + count <= len(pin.head):  # a header, a small file: the first read has it
-            view[:count] = pin.head[offset : offset + count]
-            return count
-        deadline = time.monotonic() + self.timeout
-        whole = self._read_ahead(pin, offset, count, low, high)
         done = 0
-        while done < count:
-            position = offset + done
-            if position < len(pin.head):  # the first read's bytes are never fetched again
-                take = min(count - done, len(pin.head) - position)
-                view[done : done + take] = pin.head[position : position + take]
-                done += take
+        for part in self._parts(key, offset, len(view), span):
+            if isinstance(part, bytes):
+                view[done : done + len(part)] = part
+                done += len(part)
                 continue
-            block = position // self.block_size
-            end = min(offset + count, (block + 1) * self.block_size)
-            lo, _, data = self._piece(pin, block, position, end, low, high, whole, deadline)
-            take = min(count - done, lo + len(data) - position)
-            view[done : done + take] = data[position - lo : position - lo + take]
-            done += take
+            slot, start, length = part
+            cache = self._block_cache()
+            try:
+                view[done : done + length] = cache.view[start : start + length]
+            finally:
+                with self._lock:
+                    cache.release(slot)
+            done += length
         return done
+
+    def splice_into(self, key: str, offset: int, count: int, pipe: int, span: tuple[int, int] | None = None) -> int:
+        """Move ``count`` bytes of ``key`` at ``offset`` into the non-blocking ``pipe`` from the block cache's memfd
+        (``splice``: the pipe holds the slot's pages, lent until this thread's next reply); the count moved, short
+        only when the pipe is full."""
+        self._give_back(pipe)
+        moved = 0
+        for part in self._parts(key, offset, count, span):
+            if isinstance(part, bytes):  # bytes of the first read (a small file, a tensor beside the header)
+                sent = _write_some(pipe, part)
+            else:
+                slot, start, length = part
+                cache = self._block_cache()
+                sent = 0
+                try:
+                    sent = _splice_some(cache.fd, start, length, pipe)
+                finally:
+                    with self._lock:
+                        if sent:
+                            cache.lend(slot)
+                            self._lent.slots.append((slot, slot.owner))
+                        cache.release(slot)
+            moved += sent
+            if sent < (len(part) if isinstance(part, bytes) else part[2]):
+                break
+        return moved
 
     def changed(self) -> list[str]:
         """Keys whose object no longer has the pinned version, asked of the server (one request each)."""
@@ -370,52 +399,116 @@ class RemoteFiles:
 
     # -- blocks --------------------------------------------------------------------------------------------------
 
-    def _piece(
-        self, pin: _Pin, block: int, start: int, end: int, low: int, high: int, whole: bool, deadline: float
-    ) -> tuple[int, int, memoryview]:
-        """A fetched piece of ``block`` holding byte ``start``; fetched now if need be: the block within
-        ``[low, high)`` if ``whole``, else just ``[start, end)``."""
-        key = pin.key
-        with self._lock:
-            for piece in self._blocks.get((key, block), ()):
-                if piece[0] <= start < piece[1]:
-                    return piece
-            # a fetch in flight that will hold it
-            future = next(
-                (f for (k, b, lo, hi), f in self._fetching.items() if k == key and b == block and lo <= start < hi),
-                None,
-            )
-            if future is None:
-                future = self._submit(pin, block, low, high, start, end, whole)
-        return self._wait(future, deadline)
+    def _parts(self, key: str, offset: int, count: int, span: tuple[int, int] | None) -> Iterator[Part]:
+        """Where ``count`` bytes of ``key`` from ``offset`` are, in order: ``bytes`` of the first read, or a slot of
+        the block cache (fetched now if need be), counted as used until the caller releases it."""
+        pin = self._pin(key)
+        if pin.changed:
+            raise SourceChanged(f"{key} has changed since it was mounted")
+        low, high = span if span is not None else (0, pin.size)
+        count = min(count, pin.size - offset)
+        if count <= 0:
+            return
+        if offset + count <= len(pin.head):  # a header, a small file: the first read has it
+            yield pin.head[offset : offset + count]
+            return
+        deadline = time.monotonic() + self.timeout
+        cache = self._block_cache()
+        clip = self._read_ahead(pin, offset, count, low, high)
+        end = offset + count
+        position = offset
+        while position < end:
+            if position < len(pin.head):  # the first read's bytes are never fetched again
+                take = min(end, len(pin.head))
+                yield pin.head[position:take]
+                position = take
+                continue
+            block = position // self.block_size
+            piece = self._piece(pin, block, position, min(end, (block + 1) * self.block_size), clip, deadline)
+            if isinstance(piece, bytes):
+                yield piece
+                position += len(piece)
+                continue
+            slot, lo, hi = piece
+            take = min(end, hi) - position
+            yield slot, cache.offset(slot, block, position), take
+            position += take
 
-    def _submit(self, pin: _Pin, block: int, low: int, high: int, start: int, end: int, whole: bool = True) -> Future:
-        """Start fetching ``block`` clipped to ``[low, high)`` (or only ``[start, end)``); the lock is held."""
-        block_lo, block_hi = block * self.block_size, min(pin.size, (block + 1) * self.block_size)
-        lo, hi = (max(block_lo, low, len(pin.head)), min(block_hi, high)) if whole else (start, end)
+    def _piece(
+        self, pin: _Pin, block: int, start: int, end: int, clip: tuple[int, int] | None, deadline: float
+    ) -> tuple[Slot, int, int] | bytes:
+        """The slot holding byte ``start`` of ``block`` (used: release it) and the range filled there; fetched now
+        if need be: the block within ``clip``, or just ``[start, end)`` when ``clip`` is ``None`` (a jump). With
+        every slot in use (lent to pipes, being filled): the bytes ``[start, end)``, fetched past the cache."""
+        owner = (pin.key, block)
+        cache = self._block_cache()
+        while True:
+            with self._lock:
+                found = cache.use(owner, start)
+                if found is not None:
+                    return found
+                future = self._in_flight(pin.key, block, start)
+                if future is None:
+                    lo, hi = self._bounds(pin, block, clip) if clip is not None else (start, end)
+                    if not lo <= start < hi:
+                        lo, hi = start, end
+                    lo, hi = self._gap(pin.key, block, lo, hi, start)
+                    future = self._submit(pin, block, lo, hi)
+            if future is None:
+                into = memoryview(bytearray(end - start))
+                self._retrying(partial(self._get_into, pin, start, into), pin, deadline)
+                return bytes(into)
+            self._wait(future, deadline)  # then look again: a fetch ends with its range filled
+
+    def _bounds(self, pin: _Pin, block: int, clip: tuple[int, int]) -> tuple[int, int]:
+        """The bytes of ``block`` a fetch asks for: the block within ``clip``, never the first read's bytes."""
+        lo = max(block * self.block_size, clip[0], len(pin.head))
+        return lo, min((block + 1) * self.block_size, clip[1], pin.size)
+
+    def _submit(self, pin: _Pin, block: int, lo: int, hi: int) -> Future | None:
+        """Start fetching ``[lo, hi)`` of ``block`` into its slot; the lock is held. ``None``: no slot is free."""
         fetch_key = (pin.key, block, lo, hi)
         future = self._fetching.get(fetch_key)
         if future is None:
-            future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi)
+            slot = self._block_cache().acquire((pin.key, block))
+            if slot is None:
+                return None
+            future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi, slot)
         return future
 
-    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int) -> tuple[int, int, memoryview]:
+    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot) -> None:
+        cache = self._block_cache()
         try:
+            start = cache.offset(slot, block, lo)
+            into = cache.view[start : start + hi - lo]
             kept = self.disk_cache.get(pin.key, pin.tag, lo, hi) if self.disk_cache else None
             if kept is not None:
-                data = memoryview(kept)
+                into[:] = kept
             else:
-                data = self._retrying(lambda: self._get_range(pin, lo, hi), pin, time.monotonic() + self.timeout)
+                self._retrying(lambda: self._get_into(pin, lo, into), pin, time.monotonic() + self.timeout)
                 if self.disk_cache is not None:
-                    self.disk_cache.put(pin.key, pin.tag, lo, hi, data)
-            piece = (lo, hi, data)
+                    self.disk_cache.put(pin.key, pin.tag, lo, hi, into)
             with self._lock:
-                pieces = [p for p in self._blocks.get((pin.key, block), ()) if not (lo <= p[0] and p[1] <= hi)]
-                self._blocks[(pin.key, block)] = [*pieces, piece]
-            return piece
+                cache.filled(slot, lo, hi)
         finally:
             with self._lock:
+                cache.release(slot)
                 self._fetching.pop((pin.key, block, lo, hi), None)
+
+    def _get_into(self, pin: _Pin, lo: int, into: memoryview) -> memoryview:
+        """Fill ``into`` with the pinned version's bytes from ``lo``: read straight into it where the transport has
+        a client for that (``Transport.client``), else one ranged GET through obstore, copied."""
+        client = self.transport.client()
+        if client is None or pin.version:
+            into[:] = self._get_range(pin, lo, lo + len(into))
+            return into
+        try:
+            client.get_into(self.transport.path(pin.key), lo, into, pin.etag)
+        except Exception as exc:
+            if _kind_of(exc) != "no-range" or self.ranges_required:
+                raise
+            into[:] = self._get_range(pin, lo, lo + len(into))  # streams from the start, as obstore's path does
+        return into
 
     def _get_range(self, pin: _Pin, lo: int, hi: int) -> memoryview:
         """One ranged GET of the pinned version (``If-Match`` its ETag, or its S3 VersionId)."""
@@ -484,36 +577,104 @@ class RemoteFiles:
             self.bytes_fetched += size
         return cast(T, result)
 
-    def _wait(self, future: Future, deadline: float) -> tuple[int, int, memoryview]:
+    def _wait(self, future: Future, deadline: float) -> None:
         remaining = deadline - time.monotonic()
         try:
-            return future.result(timeout=max(0.0, remaining))
+            future.result(timeout=max(0.0, remaining))
         except FutureTimeout:
             raise OSError(f"no answer from the server within {self.timeout:g} s") from None
 
-    def _read_ahead(self, pin: _Pin, offset: int, count: int, low: int, high: int) -> bool:
-        """Follow the reader of ``[low, high)``: a sequential one gets a window of blocks fetched ahead of it
-        (and ``True``: fetch whole blocks); a random one, ``False``: fetch exactly the bytes asked for."""
-        stream_key = (pin.key, low)
+    def _read_ahead(self, pin: _Pin, offset: int, count: int, low: int, high: int) -> tuple[int, int] | None:
+        """Follow the readers of ``pin``'s file and start fetching ahead of a sequential one; what a read may fetch
+        of the blocks it needs: ``(lo, hi)``, or ``None`` for exactly the bytes asked (a jump).
+
+        A reader is keyed by where it is in the file, not by the span (the tensor) it reads: one that starts a
+        span at its first byte reads ahead within it, and once it has gone on from one span into the next (a
+        loader through ``tensors/`` in file order) its window grows on across spans. A reader that lands inside a
+        span (``safe_open``'s ``mmap`` of one tensor through ``files/``) fetches exactly what it asks for, and reads
+        ahead within its span only once it has read ``JUMP_PROOF`` bytes on from there."""
+        end = offset + count
+        self._block_cache()  # made before the lock is taken
         with self._lock:
-            stream = self._streams.get(stream_key)
-            sequential = offset == low or (
-                stream is not None and stream[0] - BACKWARD_SLACK <= offset <= stream[0] + FORWARD_SLACK
-            )
-            if not sequential:
-                self._streams[stream_key] = [offset + count, 0]
-                return False
-            window = FIRST_WINDOW if stream is None or stream[1] == 0 else min(stream[1] * 2, self.max_window)
-            self._streams[stream_key] = [max(offset + count, stream[0] if stream else 0), window]
+            streams = self._streams.setdefault(pin.key, [])
+            stream = next((s for s in streams if s.next - BACKWARD_SLACK <= offset <= s.next + FORWARD_SLACK), None)
+            if stream is None:
+                stream = _Stream(end, low, jump=offset != low)
+                streams.append(stream)
+                if len(streams) > MAX_STREAMS:
+                    del streams[0]
+            else:
+                streams.remove(stream)
+                streams.append(stream)
+                if low != stream.low and abs(stream.next - low) <= PAGE:  # on into the next span: a whole-file reader
+                    stream.crossed, stream.jump, stream.low = True, False, low
+                elif low != stream.low:  # another span, not the next one: a new start
+                    stream.__init__(stream.next, low, jump=offset != low)  # type: ignore[misc]
+                stream.read += max(0, end - stream.next)
+                stream.next = max(stream.next, end)
+            if stream.jump:
+                if stream.read < JUMP_PROOF:
+                    return None
+                stream.jump = False
+            stream.window = FIRST_WINDOW if stream.window == 0 else min(stream.window * 2, self.max_window)
+            clip = (0, pin.size) if stream.crossed else (low, high)
             first = offset // self.block_size
-            last = min(-(-high // self.block_size), (offset + count - 1) // self.block_size + 1 + window)
-            for block in range(first, last):
-                need = max(low, block * self.block_size, len(pin.head))  # the block's first byte not at hand
-                if need < min(high, (block + 1) * self.block_size) and not any(
-                    p[0] <= need < p[1] for p in self._blocks.get((pin.key, block), ())
-                ):
-                    self._submit(pin, block, low, high, 0, 0)
-        return True
+            last = min(-(-clip[1] // self.block_size), (end - 1) // self.block_size + 1 + stream.window)
+            for block in range(first + 1, last):  # the first block is the read's own: it fetches it
+                lo, hi = self._bounds(pin, block, clip)
+                while lo < hi:  # each part of the block neither held nor on its way
+                    gap = self._gap(pin.key, block, lo, hi, lo)
+                    if gap[0] < gap[1] and self._submit(pin, block, gap[0], gap[1]) is None:
+                        return clip  # no slot free: readers first
+                    lo = max(gap[1], lo + 1) if gap[0] < gap[1] else self._covered_until(pin.key, block, lo)
+            return clip
+
+    def _held(self, key: str, block: int) -> list[tuple[int, int]]:
+        """The ranges of ``block`` filled in its slot or being fetched; the lock is held."""
+        ranges = [(lo, hi) for (k, b, lo, hi) in self._fetching if k == key and b == block]
+        return ranges + self._block_cache().ranges((key, block))
+
+    def _gap(self, key: str, block: int, lo: int, hi: int, start: int) -> tuple[int, int]:
+        """The widest part of ``[lo, hi)`` around ``start`` that is neither held nor being fetched (empty
+        ``(start, start)`` if ``start`` is); the lock is held."""
+        for a, b in self._held(key, block):
+            if a <= start < b:
+                return start, start
+            if b <= start:
+                lo = max(lo, b)
+            elif a > start:
+                hi = min(hi, a)
+        return lo, hi
+
+    def _covered_until(self, key: str, block: int, position: int) -> int:
+        """The end of the held range holding ``position``."""
+        return max((b for a, b in self._held(key, block) if a <= position < b), default=position + 1)
+
+    def _in_flight(self, key: str, block: int, position: int) -> Future | None:
+        """The fetch under way that will fill ``position`` of ``block``, if any; the lock is held."""
+        return next(
+            (f for (k, b, lo, hi), f in self._fetching.items() if k == key and b == block and lo <= position < hi), None
+        )
+
+    def _give_back(self, pipe: int) -> None:
+        """The slots this thread lent to ``pipe`` for its last reply, returned once the pipe is empty (the kernel
+        has taken that reply: libfuse sends it before the thread's next request)."""
+        lent = getattr(self._lent, "slots", None)
+        if lent is None:
+            lent = self._lent.slots = []
+        if lent and _pipe_empty(pipe):
+            cache = self._block_cache()
+            with self._lock:
+                for slot, owner in lent:
+                    cache.give_back(slot, owner)
+            lent.clear()
+
+    def _block_cache(self) -> SlotCache:
+        if self._cache is None:
+            with self._lock:
+                if self._cache is None:
+                    self._cache = SlotCache(self._cache_size, self.block_size)
+        return self._cache
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -526,6 +687,45 @@ class RemoteFiles:
                 if self._store is None:
                     self._store = self.transport.make_store()
         return self._store
+
+
+class _Stream:
+    """One reader of a file: where it is, the span it is in, and how far ahead of it to fetch."""
+
+    __slots__ = ("next", "low", "jump", "crossed", "window", "read")
+
+    def __init__(self, next_offset: int, low: int, jump: bool) -> None:
+        self.next = next_offset
+        self.low = low  # the span (tensor) it reads now
+        self.jump = jump  # it started inside a span: exactly what it asks until JUMP_PROOF bytes on
+        self.crossed = False  # it went on from one span into the next: its window crosses spans
+        self.window = 0
+        self.read = 0
+
+
+def _write_some(pipe: int, data: bytes) -> int:
+    try:
+        return os.write(pipe, data)
+    except BlockingIOError:
+        return 0
+
+
+def _splice_some(fd: int, offset: int, count: int, pipe: int) -> int:
+    """``splice`` ``count`` bytes of ``fd`` at ``offset`` into the non-blocking ``pipe``; the count moved."""
+    done = 0
+    while done < count:
+        try:
+            moved = os.splice(fd, pipe, count - done, offset_src=offset + done)
+        except BlockingIOError:
+            break
+        if moved <= 0:
+            break
+        done += moved
+    return done
+
+
+def _pipe_empty(pipe: int) -> bool:
+    return struct.unpack("i", fcntl.ioctl(pipe, termios.FIONREAD, b"\0\0\0\0"))[0] == 0
 
 
 class _NoRange(OSError):

@@ -17,6 +17,7 @@ from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
 from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
+from .http_client import HttpClient
 from .remote import Listing, RemoteFiles, Transport
 
 # A revision ends at the first "/", except the Hub's special refs, whose names hold two (huggingface_hub's
@@ -55,6 +56,12 @@ class HttpTransport(Transport):
         self.base = base
         self.headers = headers
         self.timeout = timeout
+        self._client: HttpClient | None = None
+
+    def client(self) -> HttpClient:
+        if self._client is None:
+            self._client = HttpClient(self.base, self.headers, self.timeout)
+        return self._client
 
     def make_store(self) -> Any:
         from obstore.store import HTTPStore
