@@ -13,17 +13,19 @@ Every method but ``close`` is called with the ``RemoteFiles`` lock held.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import time
 from collections import OrderedDict
 
 Owner = tuple[str, int]  # (key, block)
+PASSED_SCAN = 16  # slots looked at from the least recently used end for one a reader has gone past
 LEND_LIMIT = 5.0  # seconds: a lend not returned by then (its thread is gone) no longer holds the slot
 
 
 class Slot:
-    __slots__ = ("index", "owner", "ranges", "users", "lent", "lent_at")
+    __slots__ = ("index", "owner", "ranges", "users", "lent", "lent_at", "passed")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -32,6 +34,7 @@ class Slot:
         self.users = 0
         self.lent = 0
         self.lent_at = 0.0
+        self.passed = False  # a sequential reader has gone past it: reused before any other
 
     def covering(self, position: int) -> tuple[int, int] | None:
         for lo, hi in self.ranges:
@@ -88,19 +91,36 @@ class SlotCache:
         return slot
 
     def _take(self, owner: Owner) -> Slot | None:
-        if self._unused:
+        """A slot for ``owner``: one a sequential reader has gone past, else one never used, else the least
+        recently used free one. (A fresh page costs a fault and zeroing, about as much as the network copy: a
+        loader streaming a model through cycles through a few slots; the mount's page cache holds what it read.)"""
+        now = time.monotonic()
+        slot = None
+        for candidate in itertools.islice(self._owned.values(), PASSED_SCAN):
+            if candidate.passed and candidate.free(now):
+                slot = candidate
+                break
+        if slot is None and self._unused:
             slot = self._slots[self._unused.pop()]
-        else:
-            now = time.monotonic()
-            victim = next((o for o, s in self._owned.items() if s.free(now)), None)
-            if victim is None:
-                return None
-            slot = self._owned.pop(victim)
-            slot.ranges = []
-            slot.lent = 0
+        if slot is None:
+            slot = next((s for s in self._owned.values() if s.free(now)), None)
+        if slot is None:
+            return None
+        if slot.owner is not None:
+            del self._owned[slot.owner]
+        slot.ranges = []
+        slot.lent = 0
+        slot.passed = False
         slot.owner = owner
         self._owned[owner] = slot
         return slot
+
+    def pass_by(self, owner: Owner) -> None:
+        """A sequential reader has read past ``owner``'s block: its slot is the first to be reused."""
+        slot = self._owned.get(owner)
+        if slot is not None and not slot.passed:
+            slot.passed = True
+            self._owned.move_to_end(owner, last=False)
 
     def filled(self, slot: Slot, lo: int, hi: int) -> None:
         """``[lo, hi)`` of the slot's block now holds the file's bytes."""

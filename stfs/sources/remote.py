@@ -39,7 +39,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, PAGE, FileInfo, Kind, SourceChanged
-from .block_cache import Slot, SlotCache
+from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
 
@@ -191,7 +191,7 @@ class RemoteFiles:
         self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES // self.block_size, slots // 4))
         self._fetching: dict[tuple[str, int, int, int], Future] = {}
         self._streams: dict[str, list[_Stream]] = {}  # key -> its readers, most recent last
-        self._lent = threading.local()  # slots this thread's pipe holds pages of
+        self._lent: dict[int, list[tuple[Slot, Any]]] = {}  # pipe -> the slots whose pages it holds
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self.requests = 0
@@ -273,7 +273,7 @@ class RemoteFiles:
                     with self._lock:
                         if sent:
                             cache.lend(slot)
-                            self._lent.slots.append((slot, slot.owner))
+                            self._lent.setdefault(pipe, []).append((slot, slot.owner))
                         cache.release(slot)
             moved += sent
             if sent < (len(part) if isinstance(part, bytes) else part[2]):
@@ -594,7 +594,7 @@ class RemoteFiles:
         span (``safe_open``'s ``mmap`` of one tensor through ``files/``) fetches exactly what it asks for, and reads
         ahead within its span only once it has read ``JUMP_PROOF`` bytes on from there."""
         end = offset + count
-        self._block_cache()  # made before the lock is taken
+        cache = self._block_cache()  # made before the lock is taken
         with self._lock:
             streams = self._streams.setdefault(pin.key, [])
             stream = next((s for s in streams if s.next - BACKWARD_SLACK <= offset <= s.next + FORWARD_SLACK), None)
@@ -612,6 +612,10 @@ class RemoteFiles:
                     stream.__init__(stream.next, low, jump=offset != low)  # type: ignore[misc]
                 stream.read += max(0, end - stream.next)
                 stream.next = max(stream.next, end)
+                behind = (stream.next - BACKWARD_SLACK) // self.block_size  # blocks before it are done with
+                for block in range(max(stream.passed, behind - PASSED_SCAN), behind):
+                    cache.pass_by((pin.key, block))
+                stream.passed = max(stream.passed, behind)
             if stream.jump:
                 if stream.read < JUMP_PROOF:
                     return None
@@ -657,17 +661,16 @@ class RemoteFiles:
         )
 
     def _give_back(self, pipe: int) -> None:
-        """The slots this thread lent to ``pipe`` for its last reply, returned once the pipe is empty (the kernel
-        has taken that reply: libfuse sends it before the thread's next request)."""
-        lent = getattr(self._lent, "slots", None)
-        if lent is None:
-            lent = self._lent.slots = []
+        """The slots lent to ``pipe`` for its last reply, returned once the pipe is empty: a pipe serves one thread,
+        and libfuse sends a thread's reply before it takes the thread's next request (an empty pipe is not enough
+        alone: libfuse moves a reply into a pipe of its own before it writes it to the kernel)."""
+        lent = self._lent.get(pipe)
         if lent and _pipe_empty(pipe):
             cache = self._block_cache()
             with self._lock:
                 for slot, owner in lent:
                     cache.give_back(slot, owner)
-            lent.clear()
+                lent.clear()
 
     def _block_cache(self) -> SlotCache:
         if self._cache is None:
@@ -692,7 +695,7 @@ class RemoteFiles:
 class _Stream:
     """One reader of a file: where it is, the span it is in, and how far ahead of it to fetch."""
 
-    __slots__ = ("next", "low", "jump", "crossed", "window", "read")
+    __slots__ = ("next", "low", "jump", "crossed", "window", "read", "passed")
 
     def __init__(self, next_offset: int, low: int, jump: bool) -> None:
         self.next = next_offset
@@ -701,6 +704,7 @@ class _Stream:
         self.crossed = False  # it went on from one span into the next: its window crosses spans
         self.window = 0
         self.read = 0
+        self.passed = 0  # blocks before this one have been marked as read past (``SlotCache.pass_by``)
 
 
 def _write_some(pipe: int, data: bytes) -> int:
