@@ -56,6 +56,7 @@ BACKWARD_SLACK = 1 * MIB
 FIRST_WINDOW = 2  # blocks fetched ahead of a reader that has just shown it is sequential
 MAX_WINDOW_BYTES = 96 * MIB  # fetched ahead at most (into the cache's slots)
 JUMP_PROOF = 16 * MIB  # read on from a jump before it counts as sequential (a 4 MiB tensor through mmap never does)
+HEADER_PROOF = 2 * MIB  # the same from a header (the first read's bytes): dd of files/ is sequential from there
 MAX_STREAMS = 8  # readers followed per file
 WORKERS = 16
 
@@ -105,6 +106,13 @@ class Transport:
     def list(self, store: Any, key: str) -> list[str] | None:
         """Keys of every file at or below ``key`` (a file or a folder), sorted; ``None`` if the store cannot list."""
         return None
+
+    def refuse_if_expired(self) -> None:
+        """Raise, with no request made, once the server has refused the URL itself (an expired presigned URL)."""
+
+    def shown(self, exc: Exception) -> Exception:
+        """``exc`` as it may be raised and shown: another exception of its kind where its text holds a secret."""
+        return exc
 
     def client(self) -> HttpClient | None:
         """A client that reads a range straight into memory given (plain HTTP(S)); ``None``: through obstore."""
@@ -569,9 +577,16 @@ class RemoteFiles:
         raise SourceChanged(f"{pin.key} has changed since it was mounted")
 
     def _call(self, call: Callable[[], T]) -> T:
+        self.transport.refuse_if_expired()
         with self._lock:
             self.requests += 1
-        result: Any = call()
+        try:
+            result: Any = call()
+        except Exception as exc:
+            shown = self.transport.shown(exc)  # no secret of the URL in what is raised, logged or shown
+            if shown is exc:
+                raise
+            raise shown from None
         size = len(result[1]) if isinstance(result, tuple) else len(result) if isinstance(result, memoryview) else 0
         with self._lock:
             self.bytes_fetched += size
@@ -599,7 +614,10 @@ class RemoteFiles:
             streams = self._streams.setdefault(pin.key, [])
             stream = next((s for s in streams if s.next - BACKWARD_SLACK <= offset <= s.next + FORWARD_SLACK), None)
             if stream is None:
-                stream = _Stream(end, low, jump=offset != low)
+                # A read in the first read's bytes is a header's (safe_open reads it, then jumps): not yet a reader
+                # of the file from its start.
+                stream = _Stream(end, low, jump=offset != low or offset < len(pin.head))
+                stream.proof = HEADER_PROOF if offset < len(pin.head) else JUMP_PROOF
                 streams.append(stream)
                 if len(streams) > MAX_STREAMS:
                     del streams[0]
@@ -609,7 +627,7 @@ class RemoteFiles:
                 if low != stream.low and abs(stream.next - low) <= PAGE:  # on into the next span: a whole-file reader
                     stream.crossed, stream.jump, stream.low = True, False, low
                 elif low != stream.low:  # another span, not the next one: a new start
-                    stream.__init__(stream.next, low, jump=offset != low)  # type: ignore[misc]
+                    streams[-1] = stream = _Stream(end, low, jump=offset != low)
                 stream.read += max(0, end - stream.next)
                 stream.next = max(stream.next, end)
                 behind = (stream.next - BACKWARD_SLACK) // self.block_size  # blocks before it are done with
@@ -617,7 +635,7 @@ class RemoteFiles:
                     cache.pass_by((pin.key, block))
                 stream.passed = max(stream.passed, behind)
             if stream.jump:
-                if stream.read < JUMP_PROOF:
+                if stream.read < stream.proof:
                     return None
                 stream.jump = False
             stream.window = FIRST_WINDOW if stream.window == 0 else min(stream.window * 2, self.max_window)
@@ -695,12 +713,13 @@ class RemoteFiles:
 class _Stream:
     """One reader of a file: where it is, the span it is in, and how far ahead of it to fetch."""
 
-    __slots__ = ("next", "low", "jump", "crossed", "window", "read", "passed")
+    __slots__ = ("next", "low", "jump", "proof", "crossed", "window", "read", "passed")
 
     def __init__(self, next_offset: int, low: int, jump: bool) -> None:
         self.next = next_offset
         self.low = low  # the span (tensor) it reads now
-        self.jump = jump  # it started inside a span: exactly what it asks until JUMP_PROOF bytes on
+        self.jump = jump  # it started inside a span (or a header): exactly what it asks until ``proof`` bytes on
+        self.proof = JUMP_PROOF
         self.crossed = False  # it went on from one span into the next: its window crosses spans
         self.window = 0
         self.read = 0
