@@ -1,19 +1,23 @@
-"""Remote files (HTTP, S3, the Hub) as a byte source: ranged GETs through obstore, a block cache, readahead.
+"""Remote files (HTTP, S3, the Hub) as a byte source: ranged GETs into a memfd block cache, readahead, splice.
 
-Every byte comes from an HTTP Range request made by obstore (Rust ``object_store``: its requests
-release the GIL for the whole wait, and it brings retries, pooling and S3 signing). On top:
+Headers and first reads go through obstore (Rust ``object_store``: its requests release the GIL, and it
+brings pooling and S3 signing); tensor bytes through the transport's client where it has one (plain HTTP(S):
+``http.client`` reading the socket straight into the cache, ``stfs.sources.http_client``), else obstore too.
 
 * **Pinning**: the first look at a file (one speculative GET of its first ``first_read`` bytes, which
   also holds most headers) pins its size and version (ETag, S3 VersionId; a Hub file is pinned by
   its commit in the URL as well). Every later GET sends ``If-Match`` (or asks for the version): a
   changed object gives ``SourceChanged`` (EIO), never new bytes.
-* **Blocks**: a file is cut into ``block_size`` blocks at fixed offsets. A read fetches only the
-  blocks that cover it, each clipped to the span being read (a tensor), so reading a tensor never
-  fetches its neighbours' bytes; fetched pieces go to an LRU bounded in bytes (``cache_size``) and,
-  with a ``DiskCache``, to disk. Concurrent reads of one block share one fetch.
-* **Readahead**: a reader that goes on where it stopped (within the kernel's reordering: a little
-  back, up to 16 MiB forward) gets a window of blocks fetched in parallel ahead of it, doubling up to
-  ``max_window``; a random reader gets exactly the bytes it asked for.
+* **Blocks**: a file is cut into ``block_size`` blocks at fixed offsets, each fetched into a slot of the
+  block cache (``stfs.sources.block_cache``: one memfd, fixed slots, reused), clipped to the span being
+  read (a tensor) unless its reader reads the file in order; with a ``DiskCache``, to disk as well.
+  Replies are spliced from the memfd (``splice_into``) or copied from it (``read_into``). Concurrent reads
+  of one block share one fetch.
+* **Readahead**: readers are followed by where they are in the file (within the kernel's reordering: a
+  little back, up to 16 MiB forward), not by the span they read. One that starts a span at its first byte
+  gets a window of blocks fetched in parallel ahead of it, doubling up to ``max_window``, within the span;
+  once it goes on into the next span, the window runs on across spans. A reader that lands inside a span
+  (or in a header) gets exactly the bytes it asks for until it has read on a while (``_read_ahead``).
 * **Faults**: every fetch runs on a worker thread and is retried with backoff (resets, timeouts, 5xx,
   429) until ``timeout`` seconds have passed since the read began; then the read fails with EIO.
   The mount stays up and serves again once the server does.
