@@ -489,19 +489,27 @@ class RemoteFiles:
         return future
 
     def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot) -> None:
+        """Fill ``[lo, hi)`` of ``block``'s slot: from the disk cache, which keeps whole blocks only (pieces clipped
+        to tensors differ from one mount's order of reads to another's), else from the server."""
         cache = self._block_cache()
+        whole = self._bounds(pin, block, (0, pin.size))
         try:
-            start = cache.offset(slot, block, lo)
-            into = cache.view[start : start + hi - lo]
-            kept = self.disk_cache.get(pin.key, pin.tag, lo, hi) if self.disk_cache else None
+            kept = self.disk_cache.get(pin.key, pin.tag, *whole) if self.disk_cache else None
+            filled = (lo, hi)
             if kept is not None:
-                into[:] = kept
+                filled = whole  # the same bytes wherever another fetch fills this slot meanwhile
+                start = cache.offset(slot, block, whole[0])
+                cache.view[start : start + whole[1] - whole[0]] = kept
             else:
+                start = cache.offset(slot, block, lo)
+                into = cache.view[start : start + hi - lo]
                 self._retrying(lambda: self._get_into(pin, lo, into), pin, time.monotonic() + self.timeout)
-                if self.disk_cache is not None:
-                    self.disk_cache.put(pin.key, pin.tag, lo, hi, into)
             with self._lock:
-                cache.filled(slot, lo, hi)
+                cache.filled(slot, *filled)
+                complete = kept is None and slot.covering(whole[0]) == whole
+            if complete and self.disk_cache is not None:  # the slot is still used: not reused meanwhile
+                start = cache.offset(slot, block, whole[0])
+                self.disk_cache.put(pin.key, pin.tag, *whole, cache.view[start : start + whole[1] - whole[0]])
         finally:
             with self._lock:
                 cache.release(slot)
