@@ -548,6 +548,10 @@ worker_processes 2;
 pid {work}/nginx.pid;
 lock_file {work}/nginx.lock;
 error_log {self._error_log} warn;
+# A reload (a new commit, a new redirect) waits for the old workers: a client holding a connection open without a
+# request (a pool's spare one) would keep one for client_header_timeout (60 s). As a real server's reload
+# would, it drops such connections after a second; clients retry on a new one.
+worker_shutdown_timeout 1s;
 events {{ worker_connections 1024; }}
 http {{
     {LOG_FORMAT}
