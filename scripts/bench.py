@@ -1130,6 +1130,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--baseline", metavar="CHECKOUT", help="the ab section: this stfs checkout against ours")
     parser.add_argument("--stfs", metavar="CHECKOUT", help="run the stfs of another checkout (default: this one)")
+    parser.add_argument("--remote-cases", help="remote section: only these cases (direct,proxy,https)")
     parser.add_argument("--clean", action="store_true", help="delete the generated models afterwards")
     parser.add_argument(
         "--no-c-reference",

@@ -275,7 +275,9 @@ class StfsFUSE(mfusepy.FUSE):
 
     def __init__(self, operations: StfsOperations, mountpoint: str, stats: Stats | None = None, **options: Any) -> None:
         self.stats = stats
-        self._local = threading.local()
+        # By OS thread: a thread-local would not do, ctypes may give a libfuse thread a new Python thread state
+        # per callback (a remote mount's blocking reads showed a new pipe per request, never closed).
+        self._pipes: dict[int, _Pipe] = {}
         self._max_read = int(options.get("max_read", 0))
         self._listing: tuple[str, list[tuple[bytes, DirNode | FileNode]]] | None = None
         self._folder_entry = mfusepy.c_stat(st_mode=DIR_MODE, st_nlink=2)
@@ -426,7 +428,8 @@ class StfsFUSE(mfusepy.FUSE):
                     if spliced > pipe.limit:
                         break
                     try:
-                        moved = self._splice_into(segment.key, segment.offset + start, length, pipe.write_fd)
+                        span = (segment.offset, segment.offset + segment.size)
+                        moved = self._splice_into(segment.key, segment.offset + start, length, pipe.write_fd, span)
                     except FuseOSError:
                         raise
                     except Exception as exc:
@@ -469,9 +472,10 @@ class StfsFUSE(mfusepy.FUSE):
         pipe.drain()
 
     def _pipe(self) -> _Pipe:
-        pipe: _Pipe | None = getattr(self._local, "pipe", None)
+        thread = threading.get_native_id()
+        pipe = self._pipes.get(thread)
         if pipe is None:
-            pipe = self._local.pipe = _Pipe()
+            pipe = self._pipes[thread] = _Pipe()
         return pipe
 
 

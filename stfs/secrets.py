@@ -49,8 +49,9 @@ def _percent_encoded(secret: str) -> bytes:
 
 
 def secrets_of(text: str) -> list[str]:
-    """The parts of a SOURCE that must never be shown: an HTTP(S) URL's password."""
+    """The parts of a SOURCE that must never be shown: an HTTP(S) URL's password and its query (a presigned
+    URL's signature)."""
     if not text.startswith(("http://", "https://")):
         return []
-    password = urllib.parse.urlsplit(text).password
-    return [password] if password else []
+    parts = urllib.parse.urlsplit(text)
+    return [secret for secret in (parts.password, parts.query) if secret]

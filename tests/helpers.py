@@ -71,6 +71,17 @@ def dd_whole(path: str) -> None:
     assert f"{os.path.getsize(path)} bytes".encode() in dd.stderr
 
 
+def rss_memory(pid: int) -> int:
+    """What process ``pid`` holds of memory, in bytes: ``RssAnon`` plus ``RssShmem`` (a memfd cache's pages)."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as stream:
+        for line in stream:
+            name, _, value = line.partition(":")
+            if name in ("RssAnon", "RssShmem"):
+                fields[name] = int(value.split()[0]) * 1024
+    return fields["RssAnon"] + fields.get("RssShmem", 0)
+
+
 def tensor_path(mnt: str, name: str) -> str:
     """The file of tensor ``name`` in a mount with the nested layout (a plain name: dots make folders)."""
     return os.path.join(mnt, "tensors", *name.split("."))

@@ -32,6 +32,13 @@ from urllib.parse import urlsplit
 LOCALHOST = "127.0.0.1"
 # nginx serves ``/private/`` only to this user (HTTP basic auth): the remote tests' URL with a password.
 BASIC_USER, BASIC_PASSWORD = "stfs-user", "Pa55-w0rd-never-shown"
+# nginx serves ``/signed/`` only to requests whose query holds this signature (a presigned URL's), until
+# ``Nginx.expire_signatures()``: then it answers 403, as an object store does once a presigned URL has expired.
+SIGNATURE = "5tf5TestSignatureNeverShown0123456789abcdef"
+SIGNED_QUERY = (
+    "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIASTFSTEST%2F20260101%2Fus-east-1%2Fs3%2Faws4_request"
+    f"&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&X-Amz-Signature={SIGNATURE}"
+)
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
 
@@ -409,6 +416,14 @@ class Nginx:
             _stop_process(self._process)  # SIGTERM: fast shutdown of master and workers
             self._process = None
 
+    def expire_signatures(self, expired: bool = True) -> None:
+        """From now on ``/signed/`` answers 403 to every request (presigned URLs expired), or serves again."""
+        flag = self.workdir / "signatures-expired"
+        if expired:
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
+
     def set_redirect_base(self, base: str) -> None:
         """Make ``/resolve/`` redirect to ``base`` (e.g. a fault proxy in front of ``cdn_url``)."""
         self.redirect_base = base.rstrip("/")
@@ -533,6 +548,10 @@ worker_processes 2;
 pid {work}/nginx.pid;
 lock_file {work}/nginx.lock;
 error_log {self._error_log} warn;
+# A reload (a new commit, a new redirect) waits for the old workers: a client holding a connection open without a
+# request (a pool's spare one) would keep one for client_header_timeout (60 s). As a real server's reload
+# would, it drops such connections after a second; clients retry on a new one.
+worker_shutdown_timeout 1s;
 events {{ worker_connections 1024; }}
 http {{
     {LOG_FORMAT}
@@ -563,6 +582,10 @@ http {{
         location /private/ {{
             auth_basic "stfs";
             auth_basic_user_file {work}/htpasswd;
+        }}
+        location /signed/ {{
+            if (-f {work}/signatures-expired) {{ return 403; }}
+            if ($args !~ "(^|&)X-Amz-Signature={SIGNATURE}(&|$)") {{ return 403; }}
         }}
     }}
 

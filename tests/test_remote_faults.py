@@ -96,8 +96,8 @@ def test_reads_succeed_through_transient_faults(fault: str, proxied: tuple, moun
     stats = proxy.stats()
     if fault == "reset":
         assert stats.resets == 3
-    elif fault == "latency":
-        assert stats.delayed >= TENSORS
+    elif fault == "latency":  # every request after the mount's first read (fetches cross tensors: fewer than them)
+        assert stats.delayed == stats.requests - 1 >= 2
     else:
         assert stats.failed >= 3
 
@@ -241,8 +241,8 @@ def test_a_new_commit_on_the_hub(hub: FakeHub, mount: MountFn, tmp_path: Path) -
     assert changed(mnt) == []
     hub.publish_repo("org", "repo", {"model.safetensors": new_data, "config.json": b"{}"})
     # pinned to its commit, which the Hub still serves: the old bytes, never the new commit's
-    *names, last = sorted(old)
-    outcomes = {name: read_outcome(tensor_path(mnt, name), old[name], new[name]) for name in names}
+    *names, last = sorted(old)  # read last to first: a reader in file order would fetch ahead into ``last``
+    outcomes = {name: read_outcome(tensor_path(mnt, name), old[name], new[name]) for name in reversed(names)}
     assert set(outcomes.values()) == {"old"}
     # main no longer holds the mounted model.safetensors; config.json is the same file in the new commit
     assert changed(mnt) == [f"hf://org/repo@{commit}/model.safetensors"]

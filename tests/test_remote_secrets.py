@@ -4,6 +4,7 @@ xattrs, header.json, error messages or /proc/PID/cmdline."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -15,8 +16,8 @@ import pytest
 
 from stfs.daemon import daemon_pid
 from tests.helpers import changed, read_cold, run
-from tests.models import write_numpy
-from tests.servers import BASIC_PASSWORD, BASIC_USER, S3, FakeHub, Nginx
+from tests.models import tensor_bytes, write_numpy
+from tests.servers import BASIC_PASSWORD, BASIC_USER, S3, SIGNATURE, SIGNED_QUERY, FakeHub, Nginx
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -139,3 +140,48 @@ def test_aws_keys(s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         assert_nowhere([AWS_SECRET, AWS_KEY_ID], mnt, pid, log)
     result = run([sys.executable, "-m", "stfs", "info", "s3://bucket/missing.safetensors"])
     assert result.returncode == 1 and AWS_SECRET not in result.stdout + result.stderr
+
+
+def test_a_presigned_url(nginx: Nginx, tmp_path: Path) -> None:
+    """Its query goes with every request, is never shown (xattrs, header.json, log, cmdline, mount table, errors),
+    and once the server refuses it (expired) reads fail with EIO after one log line, asking nothing more."""
+    rng = np.random.default_rng(5)  # tensors of 4 MiB: reading one never reads ahead into layers 2 and 3
+    write_numpy(
+        str(tmp_path / "m.safetensors"),
+        {f"layers.{i}.weight": rng.integers(0, 256, 4 << 20, dtype=np.uint8) for i in range(4)},
+    )
+    data = (tmp_path / "m.safetensors").read_bytes()
+    nginx.put("signed/m.safetensors", data)
+    plain = f"{nginx.url}/signed/m.safetensors"
+    url = f"{plain}?{SIGNED_QUERY}"
+    mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
+    with background_mount(url, mnt, log) as pid:
+        weight = mnt / "tensors" / "layers" / "0" / "weight"
+        assert os.getxattr(weight, "user.safetensors.file").decode() == plain
+        with open(mnt / "files" / "m.safetensors", "rb") as stream:
+            assert stream.read(1000) == data[:1000]
+        assert read_cold(str(weight)) == tensor_bytes(str(tmp_path / "m.safetensors"), "layers.0.weight")
+        header_json_clean(mnt, [SIGNATURE])
+        with open("/proc/self/mountinfo") as stream:
+            [line] = [line for line in stream if f" {mnt} " in line]
+        assert plain in line and SIGNATURE not in line
+        entries = nginx.log.entries(at_least=2)
+        assert entries and all(SIGNATURE in e.uri and e.status in (200, 206) for e in entries)  # the query every time
+
+        nginx.log.clear()
+        nginx.expire_signatures()
+        for name in ("layers/2/weight", "layers/3/weight"):
+            with pytest.raises(OSError) as failure:
+                read_cold(str(mnt / "tensors" / name))
+            assert failure.value.errno == errno.EIO
+        assert len(nginx.log.entries()) <= 4  # the reads' own fetches: no retries, none once it is known expired
+        assert_nowhere([SIGNATURE], mnt, pid, log)
+        lines = [line for line in log.read_text().splitlines() if "presigned URL" in line]
+        assert len(lines) == 1 and "expired" in lines[0] and plain.removeprefix("http://").split("/")[0] in lines[0]
+        nginx.expire_signatures(False)
+        assert os.path.ismount(mnt)
+    # refused from the start, or without its query: one line, no secret
+    for wrong in (url.replace(SIGNATURE, "wrong" + SIGNATURE[5:]), plain):
+        result = run([sys.executable, "-m", "stfs", "info", wrong])
+        assert result.returncode == 1 and SIGNATURE not in result.stdout + result.stderr
+        assert "403" in result.stderr and len(result.stderr.strip().splitlines()) == 1

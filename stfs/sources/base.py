@@ -101,9 +101,9 @@ class ByteSource(Protocol):
 class SpliceSource(ByteSource, Protocol):
     """A source whose bytes can go into a pipe by reference (``splice``), never through user space."""
 
-    def splice_into(self, key: str, offset: int, count: int, pipe: int) -> int:
+    def splice_into(self, key: str, offset: int, count: int, pipe: int, span: tuple[int, int] | None = None) -> int:
         """Move ``count`` bytes of ``key`` at ``offset`` into the non-blocking pipe ``pipe``; the count moved,
-        short only when the pipe is full."""
+        short only when the pipe is full. ``span`` is as for ``read_into``."""
         ...
 
 

@@ -68,6 +68,8 @@ class DiskCache:
             return
         path = self._path(key, version, lo, hi)
         with self._writing:
+            if self.full:  # found full by a put that held the lock meanwhile: one log line, not one per put
+                return
             temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
             try:
                 if os.path.exists(path):

@@ -224,7 +224,7 @@ class LocalFiles:
         view = buffer if buffer.format == "B" else buffer.cast("B")
         return self._transfer(file, offset, len(view), lambda fd, done: os.preadv(fd, [view[done:]], offset + done))
 
-    def splice_into(self, file: str, offset: int, count: int, pipe: int) -> int:
+    def splice_into(self, file: str, offset: int, count: int, pipe: int, span: tuple[int, int] | None = None) -> int:
         """Move ``count`` bytes of ``file`` at ``offset`` into the pipe ``pipe`` (non-blocking) by reference.
 
         Returns the count moved: short only when the pipe is full, and the caller then drains it. (The pipe

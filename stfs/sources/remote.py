@@ -1,19 +1,23 @@
-"""Remote files (HTTP, S3, the Hub) as a byte source: ranged GETs through obstore, a block cache, readahead.
+"""Remote files (HTTP, S3, the Hub) as a byte source: ranged GETs into a memfd block cache, readahead, splice.
 
-Every byte comes from an HTTP Range request made by obstore (Rust ``object_store``: its requests
-release the GIL for the whole wait, and it brings retries, pooling and S3 signing). On top:
+Headers and first reads go through obstore (Rust ``object_store``: its requests release the GIL, and it
+brings pooling and S3 signing); tensor bytes through the transport's client where it has one (plain HTTP(S):
+``http.client`` reading the socket straight into the cache, ``stfs.sources.http_client``), else obstore too.
 
 * **Pinning**: the first look at a file (one speculative GET of its first ``first_read`` bytes, which
   also holds most headers) pins its size and version (ETag, S3 VersionId; a Hub file is pinned by
   its commit in the URL as well). Every later GET sends ``If-Match`` (or asks for the version): a
   changed object gives ``SourceChanged`` (EIO), never new bytes.
-* **Blocks**: a file is cut into ``block_size`` blocks at fixed offsets. A read fetches only the
-  blocks that cover it, each clipped to the span being read (a tensor), so reading a tensor never
-  fetches its neighbours' bytes; fetched pieces go to an LRU bounded in bytes (``cache_size``) and,
-  with a ``DiskCache``, to disk. Concurrent reads of one block share one fetch.
-* **Readahead**: a reader that goes on where it stopped (within the kernel's reordering: a little
-  back, up to 16 MiB forward) gets a window of blocks fetched in parallel ahead of it, doubling up to
-  ``max_window``; a random reader gets exactly the bytes it asked for.
+* **Blocks**: a file is cut into ``block_size`` blocks at fixed offsets, each fetched into a slot of the
+  block cache (``stfs.sources.block_cache``: one memfd, fixed slots, reused), clipped to the span being
+  read (a tensor) unless its reader reads the file in order; with a ``DiskCache``, to disk as well.
+  Replies are spliced from the memfd (``splice_into``) or copied from it (``read_into``). Concurrent reads
+  of one block share one fetch.
+* **Readahead**: readers are followed by where they are in the file (within the kernel's reordering: a
+  little back, up to 16 MiB forward), not by the span they read. One that starts a span at its first byte
+  gets a window of blocks fetched in parallel ahead of it, doubling up to ``max_window``, within the span;
+  once it goes on into the next span, the window runs on across spans. A reader that lands inside a span
+  (or in a header) gets exactly the bytes it asks for until it has read on a while (``_read_ahead``).
 * **Faults**: every fetch runs on a worker thread and is retried with backoff (resets, timeouts, 5xx,
   429) until ``timeout`` seconds have passed since the read began; then the read fails with EIO.
   The mount stays up and serves again once the server does.
@@ -24,21 +28,27 @@ in the process that uses it, after any fork (``daemon.run_background`` plans in 
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import struct
+import termios
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from cachetools import LRUCache
-
-from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SourceChanged
+from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, PAGE, FileInfo, Kind, SourceChanged
+from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
+
+if TYPE_CHECKING:
+    from .http_client import HttpClient
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +58,16 @@ FIRST_READ = 100_000  # the Hub's own metadata reader asks for this much: most h
 FORWARD_SLACK = 16 * MIB  # the kernel's readahead may skip ahead this far and still be one sequential reader
 BACKWARD_SLACK = 1 * MIB
 FIRST_WINDOW = 2  # blocks fetched ahead of a reader that has just shown it is sequential
-MAX_WINDOW_BYTES = 96 * MIB  # fetched ahead at most: in flight beside the cache, so bounded apart from it
+MAX_WINDOW_BYTES = 32 * MIB  # fetched ahead at most (into the cache's slots)
+JUMP_PROOF = 16 * MIB  # read on from a jump before it counts as sequential (a 4 MiB tensor through mmap never does)
+HEADER_PROOF = 2 * MIB  # the same from a header (the first read's bytes): dd of files/ is sequential from there
+MAX_STREAMS = 8  # readers followed per file
 WORKERS = 16
 
 T = TypeVar("T")
+
+
+Part = bytes | tuple[Slot, int, int]  # bytes of the first read, or (a used slot, where in the memfd, how many)
 
 
 class RangeIgnored(OSError):
@@ -93,6 +109,17 @@ class Transport:
 
     def list(self, store: Any, key: str) -> list[str] | None:
         """Keys of every file at or below ``key`` (a file or a folder), sorted; ``None`` if the store cannot list."""
+        return None
+
+    def refuse_if_expired(self) -> None:
+        """Raise, with no request made, once the server has refused the URL itself (an expired presigned URL)."""
+
+    def shown(self, exc: Exception) -> Exception:
+        """``exc`` as it may be raised and shown: another exception of its kind where its text holds a secret."""
+        return exc
+
+    def client(self) -> HttpClient | None:
+        """A client that reads a range straight into memory given (plain HTTP(S)); ``None``: through obstore."""
         return None
 
     def describe(self, key: str) -> Listing | None:
@@ -161,22 +188,22 @@ class RemoteFiles:
     ) -> None:
         self.transport = transport
         self.timeout = timeout
-        # A piece larger than the whole cache could not be kept at all (cachetools refuses it).
-        self.block_size = max(64 * 1024, min(block_size, cache_size // 4))
-        # The window is in flight beside the cache, and obstore holds each fetch twice while it assembles it:
-        # an eighth of a small cache keeps the daemon within cache + 150 MiB (bench: 256M peaked at 423 MiB with
-        # a quarter, 375-391 MiB with an eighth); from 768 MiB up the window is MAX_WINDOW_BYTES either way.
-        self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES, cache_size // 8) // self.block_size)
+        # A slot larger than a 32nd of the cache would leave too few for the readers and the window at once.
+        self.block_size = max(256 * 1024, min(block_size, cache_size // 32))
         self.disk_cache = disk_cache
         self.ranges_required = ranges_required
         self._store: Any = None
         self._lock = threading.Lock()
         self._pins: dict[str, _Pin] = {}
         self._pinning: dict[str, threading.Lock] = {}
-        # (key, block) -> [(lo, hi, data)]: the fetched pieces of one block (a piece is clipped to a span)
-        self._blocks: LRUCache = LRUCache(maxsize=cache_size, getsizeof=lambda pieces: sum(len(p[2]) for p in pieces))
+        self._cache: SlotCache | None = None  # made on the first data read: info and check never map it
+        self._cache_size = cache_size
+        # The window is fetched into slots: at most a quarter of them, so readers always find free ones.
+        slots = max(4, cache_size // self.block_size)
+        self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES // self.block_size, slots // 4))
         self._fetching: dict[tuple[str, int, int, int], Future] = {}
-        self._streams: LRUCache = LRUCache(maxsize=256)  # (key, span start) -> [next offset, window]
+        self._streams: dict[str, list[_Stream]] = {}  # key -> its readers, most recent last
+        self._lent: dict[int, list[tuple[Slot, Any]]] = {}  # pipe -> the slots whose pages it holds
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self.requests = 0
@@ -222,34 +249,48 @@ class RemoteFiles:
 
     def read_into(self, key: str, offset: int, buffer: memoryview, span: tuple[int, int] | None = None) -> int:
         """Fill ``buffer`` with bytes of ``key`` from ``offset``; ``span`` bounds fetches and readahead (a tensor)."""
-        pin = self._pin(key)
-        if pin.changed:
-            raise SourceChanged(f"{key} has changed since it was mounted")
-        low, high = span if span is not None else (0, pin.size)
-        count = min(len(buffer), pin.size - offset)
-        if count <= 0:
-            return 0
         view = buffer.cast("B") if buffer.format != "B" else buffer
-        if offset + count <= len(pin.head):  # a header, a small file: the first read has it
-            view[:count] = pin.head[offset : offset + count]
-            return count
-        deadline = time.monotonic() + self.timeout
-        whole = self._read_ahead(pin, offset, count, low, high)
         done = 0
-        while done < count:
-            position = offset + done
-            if position < len(pin.head):  # the first read's bytes are never fetched again
-                take = min(count - done, len(pin.head) - position)
-                view[done : done + take] = pin.head[position : position + take]
-                done += take
+        for part in self._parts(key, offset, len(view), span):
+            if isinstance(part, bytes):
+                view[done : done + len(part)] = part
+                done += len(part)
                 continue
-            block = position // self.block_size
-            end = min(offset + count, (block + 1) * self.block_size)
-            lo, _, data = self._piece(pin, block, position, end, low, high, whole, deadline)
-            take = min(count - done, lo + len(data) - position)
-            view[done : done + take] = data[position - lo : position - lo + take]
-            done += take
+            slot, start, length = part
+            cache = self._block_cache()
+            try:
+                view[done : done + length] = cache.view[start : start + length]
+            finally:
+                with self._lock:
+                    cache.release(slot)
+            done += length
         return done
+
+    def splice_into(self, key: str, offset: int, count: int, pipe: int, span: tuple[int, int] | None = None) -> int:
+        """Move ``count`` bytes of ``key`` at ``offset`` into the non-blocking ``pipe`` from the block cache's memfd
+        (``splice``: the pipe holds the slot's pages, lent until this thread's next reply); the count moved, short
+        only when the pipe is full."""
+        self._give_back(pipe)
+        moved = 0
+        for part in self._parts(key, offset, count, span):
+            if isinstance(part, bytes):  # bytes of the first read (a small file, a tensor beside the header)
+                sent = _write_some(pipe, part)
+            else:
+                slot, start, length = part
+                cache = self._block_cache()
+                sent = 0
+                try:
+                    sent = _splice_some(cache.fd, start, length, pipe)
+                finally:
+                    with self._lock:
+                        if sent:
+                            cache.lend(slot)
+                            self._lent.setdefault(pipe, []).append((slot, slot.owner))
+                        cache.release(slot)
+            moved += sent
+            if sent < (len(part) if isinstance(part, bytes) else part[2]):
+                break
+        return moved
 
     def changed(self) -> list[str]:
         """Keys whose object no longer has the pinned version, asked of the server (one request each)."""
@@ -370,52 +411,124 @@ class RemoteFiles:
 
     # -- blocks --------------------------------------------------------------------------------------------------
 
-    def _piece(
-        self, pin: _Pin, block: int, start: int, end: int, low: int, high: int, whole: bool, deadline: float
-    ) -> tuple[int, int, memoryview]:
-        """A fetched piece of ``block`` holding byte ``start``; fetched now if need be: the block within
-        ``[low, high)`` if ``whole``, else just ``[start, end)``."""
-        key = pin.key
-        with self._lock:
-            for piece in self._blocks.get((key, block), ()):
-                if piece[0] <= start < piece[1]:
-                    return piece
-            # a fetch in flight that will hold it
-            future = next(
-                (f for (k, b, lo, hi), f in self._fetching.items() if k == key and b == block and lo <= start < hi),
-                None,
-            )
-            if future is None:
-                future = self._submit(pin, block, low, high, start, end, whole)
-        return self._wait(future, deadline)
+    def _parts(self, key: str, offset: int, count: int, span: tuple[int, int] | None) -> Iterator[Part]:
+        """Where ``count`` bytes of ``key`` from ``offset`` are, in order: ``bytes`` of the first read, or a slot of
+        the block cache (fetched now if need be), counted as used until the caller releases it."""
+        pin = self._pin(key)
+        if pin.changed:
+            raise SourceChanged(f"{key} has changed since it was mounted")
+        low, high = span if span is not None else (0, pin.size)
+        count = min(count, pin.size - offset)
+        if count <= 0:
+            return
+        if offset + count <= len(pin.head):  # a header, a small file: the first read has it
+            yield pin.head[offset : offset + count]
+            return
+        deadline = time.monotonic() + self.timeout
+        cache = self._block_cache()
+        clip = self._read_ahead(pin, offset, count, low, high)
+        end = offset + count
+        position = offset
+        while position < end:
+            if position < len(pin.head):  # the first read's bytes are never fetched again
+                take = min(end, len(pin.head))
+                yield pin.head[position:take]
+                position = take
+                continue
+            block = position // self.block_size
+            piece = self._piece(pin, block, position, min(end, (block + 1) * self.block_size), clip, deadline)
+            if isinstance(piece, bytes):
+                yield piece
+                position += len(piece)
+                continue
+            slot, lo, hi = piece
+            take = min(end, hi) - position
+            yield slot, cache.offset(slot, block, position), take
+            position += take
 
-    def _submit(self, pin: _Pin, block: int, low: int, high: int, start: int, end: int, whole: bool = True) -> Future:
-        """Start fetching ``block`` clipped to ``[low, high)`` (or only ``[start, end)``); the lock is held."""
-        block_lo, block_hi = block * self.block_size, min(pin.size, (block + 1) * self.block_size)
-        lo, hi = (max(block_lo, low, len(pin.head)), min(block_hi, high)) if whole else (start, end)
+    def _piece(
+        self, pin: _Pin, block: int, start: int, end: int, clip: tuple[int, int] | None, deadline: float
+    ) -> tuple[Slot, int, int] | bytes:
+        """The slot holding byte ``start`` of ``block`` (used: release it) and the range filled there; fetched now
+        if need be: the block within ``clip``, or just ``[start, end)`` when ``clip`` is ``None`` (a jump). With
+        every slot in use (lent to pipes, being filled): the bytes ``[start, end)``, fetched past the cache."""
+        owner = (pin.key, block)
+        cache = self._block_cache()
+        while True:
+            with self._lock:
+                found = cache.use(owner, start)
+                if found is not None:
+                    return found
+                future = self._in_flight(pin.key, block, start)
+                if future is None:
+                    lo, hi = self._bounds(pin, block, clip) if clip is not None else (start, end)
+                    if not lo <= start < hi:
+                        lo, hi = start, end
+                    lo, hi = self._gap(pin.key, block, lo, hi, start)
+                    future = self._submit(pin, block, lo, hi)
+            if future is None:
+                into = memoryview(bytearray(end - start))
+                self._retrying(partial(self._get_into, pin, start, into), pin, deadline)
+                return bytes(into)
+            self._wait(future, deadline)  # then look again: a fetch ends with its range filled
+
+    def _bounds(self, pin: _Pin, block: int, clip: tuple[int, int]) -> tuple[int, int]:
+        """The bytes of ``block`` a fetch asks for: the block within ``clip``, never the first read's bytes."""
+        lo = max(block * self.block_size, clip[0], len(pin.head))
+        return lo, min((block + 1) * self.block_size, clip[1], pin.size)
+
+    def _submit(self, pin: _Pin, block: int, lo: int, hi: int) -> Future | None:
+        """Start fetching ``[lo, hi)`` of ``block`` into its slot; the lock is held. ``None``: no slot is free."""
         fetch_key = (pin.key, block, lo, hi)
         future = self._fetching.get(fetch_key)
         if future is None:
-            future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi)
+            slot = self._block_cache().acquire((pin.key, block))
+            if slot is None:
+                return None
+            future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi, slot)
         return future
 
-    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int) -> tuple[int, int, memoryview]:
+    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot) -> None:
+        """Fill ``[lo, hi)`` of ``block``'s slot: from the disk cache, which keeps whole blocks only (pieces clipped
+        to tensors differ from one mount's order of reads to another's), else from the server."""
+        cache = self._block_cache()
+        whole = self._bounds(pin, block, (0, pin.size))
         try:
-            kept = self.disk_cache.get(pin.key, pin.tag, lo, hi) if self.disk_cache else None
+            kept = self.disk_cache.get(pin.key, pin.tag, *whole) if self.disk_cache else None
+            filled = (lo, hi)
             if kept is not None:
-                data = memoryview(kept)
+                filled = whole  # the same bytes wherever another fetch fills this slot meanwhile
+                start = cache.offset(slot, block, whole[0])
+                cache.view[start : start + whole[1] - whole[0]] = kept
             else:
-                data = self._retrying(lambda: self._get_range(pin, lo, hi), pin, time.monotonic() + self.timeout)
-                if self.disk_cache is not None:
-                    self.disk_cache.put(pin.key, pin.tag, lo, hi, data)
-            piece = (lo, hi, data)
+                start = cache.offset(slot, block, lo)
+                into = cache.view[start : start + hi - lo]
+                self._retrying(lambda: self._get_into(pin, lo, into), pin, time.monotonic() + self.timeout)
             with self._lock:
-                pieces = [p for p in self._blocks.get((pin.key, block), ()) if not (lo <= p[0] and p[1] <= hi)]
-                self._blocks[(pin.key, block)] = [*pieces, piece]
-            return piece
+                cache.filled(slot, *filled)
+                complete = kept is None and slot.covering(whole[0]) == whole
+            if complete and self.disk_cache is not None:  # the slot is still used: not reused meanwhile
+                start = cache.offset(slot, block, whole[0])
+                self.disk_cache.put(pin.key, pin.tag, *whole, cache.view[start : start + whole[1] - whole[0]])
         finally:
             with self._lock:
+                cache.release(slot)
                 self._fetching.pop((pin.key, block, lo, hi), None)
+
+    def _get_into(self, pin: _Pin, lo: int, into: memoryview) -> memoryview:
+        """Fill ``into`` with the pinned version's bytes from ``lo``: read straight into it where the transport has
+        a client for that (``Transport.client``), else one ranged GET through obstore, copied."""
+        client = self.transport.client()
+        if client is None or pin.version:
+            into[:] = self._get_range(pin, lo, lo + len(into))
+            return into
+        try:
+            client.get_into(self.transport.path(pin.key), lo, into, pin.etag)
+        except Exception as exc:
+            if _kind_of(exc) != "no-range" or self.ranges_required:
+                raise
+            into[:] = self._get_range(pin, lo, lo + len(into))  # streams from the start, as obstore's path does
+        return into
 
     def _get_range(self, pin: _Pin, lo: int, hi: int) -> memoryview:
         """One ranged GET of the pinned version (``If-Match`` its ETag, or its S3 VersionId)."""
@@ -476,44 +589,125 @@ class RemoteFiles:
         raise SourceChanged(f"{pin.key} has changed since it was mounted")
 
     def _call(self, call: Callable[[], T]) -> T:
+        self.transport.refuse_if_expired()
         with self._lock:
             self.requests += 1
-        result: Any = call()
+        try:
+            result: Any = call()
+        except Exception as exc:
+            shown = self.transport.shown(exc)  # no secret of the URL in what is raised, logged or shown
+            if shown is exc:
+                raise
+            raise shown from None
         size = len(result[1]) if isinstance(result, tuple) else len(result) if isinstance(result, memoryview) else 0
         with self._lock:
             self.bytes_fetched += size
         return cast(T, result)
 
-    def _wait(self, future: Future, deadline: float) -> tuple[int, int, memoryview]:
+    def _wait(self, future: Future, deadline: float) -> None:
         remaining = deadline - time.monotonic()
         try:
-            return future.result(timeout=max(0.0, remaining))
+            future.result(timeout=max(0.0, remaining))
         except FutureTimeout:
             raise OSError(f"no answer from the server within {self.timeout:g} s") from None
 
-    def _read_ahead(self, pin: _Pin, offset: int, count: int, low: int, high: int) -> bool:
-        """Follow the reader of ``[low, high)``: a sequential one gets a window of blocks fetched ahead of it
-        (and ``True``: fetch whole blocks); a random one, ``False``: fetch exactly the bytes asked for."""
-        stream_key = (pin.key, low)
+    def _read_ahead(self, pin: _Pin, offset: int, count: int, low: int, high: int) -> tuple[int, int] | None:
+        """Follow the readers of ``pin``'s file and start fetching ahead of a sequential one; what a read may fetch
+        of the blocks it needs: ``(lo, hi)``, or ``None`` for exactly the bytes asked (a jump).
+
+        A reader is keyed by where it is in the file, not by the span (the tensor) it reads: one that starts a
+        span at its first byte reads ahead within it, and once it has gone on from one span into the next (a
+        loader through ``tensors/`` in file order) its window grows on across spans. A reader that lands inside a
+        span (``safe_open``'s ``mmap`` of one tensor through ``files/``) fetches exactly what it asks for, and reads
+        ahead within its span only once it has read ``JUMP_PROOF`` bytes on from there."""
+        end = offset + count
+        cache = self._block_cache()  # made before the lock is taken
         with self._lock:
-            stream = self._streams.get(stream_key)
-            sequential = offset == low or (
-                stream is not None and stream[0] - BACKWARD_SLACK <= offset <= stream[0] + FORWARD_SLACK
-            )
-            if not sequential:
-                self._streams[stream_key] = [offset + count, 0]
-                return False
-            window = FIRST_WINDOW if stream is None or stream[1] == 0 else min(stream[1] * 2, self.max_window)
-            self._streams[stream_key] = [max(offset + count, stream[0] if stream else 0), window]
+            streams = self._streams.setdefault(pin.key, [])
+            stream = next((s for s in streams if s.next - BACKWARD_SLACK <= offset <= s.next + FORWARD_SLACK), None)
+            if stream is None:
+                # A read in the first read's bytes is a header's (safe_open reads it, then jumps): not yet a reader
+                # of the file from its start.
+                stream = _Stream(end, low, jump=offset != low or offset < len(pin.head))
+                stream.proof = HEADER_PROOF if offset < len(pin.head) else JUMP_PROOF
+                streams.append(stream)
+                if len(streams) > MAX_STREAMS:
+                    del streams[0]
+            else:
+                streams.remove(stream)
+                streams.append(stream)
+                if low != stream.low and abs(stream.next - low) <= PAGE:  # on into the next span: a whole-file reader
+                    stream.crossed, stream.jump, stream.low = True, False, low
+                elif low != stream.low:  # another span, not the next one: a new start
+                    streams[-1] = stream = _Stream(end, low, jump=offset != low)
+                stream.read += max(0, end - stream.next)
+                stream.next = max(stream.next, end)
+                behind = (stream.next - BACKWARD_SLACK) // self.block_size  # blocks before it are done with
+                for block in range(max(stream.passed, behind - PASSED_SCAN), behind):
+                    cache.pass_by((pin.key, block))
+                stream.passed = max(stream.passed, behind)
+            if stream.jump:
+                if stream.read < stream.proof:
+                    return None
+                stream.jump = False
+            stream.window = FIRST_WINDOW if stream.window == 0 else min(stream.window * 2, self.max_window)
+            clip = (0, pin.size) if stream.crossed else (low, high)
             first = offset // self.block_size
-            last = min(-(-high // self.block_size), (offset + count - 1) // self.block_size + 1 + window)
-            for block in range(first, last):
-                need = max(low, block * self.block_size, len(pin.head))  # the block's first byte not at hand
-                if need < min(high, (block + 1) * self.block_size) and not any(
-                    p[0] <= need < p[1] for p in self._blocks.get((pin.key, block), ())
-                ):
-                    self._submit(pin, block, low, high, 0, 0)
-        return True
+            last = min(-(-clip[1] // self.block_size), (end - 1) // self.block_size + 1 + stream.window)
+            for block in range(first + 1, last):  # the first block is the read's own: it fetches it
+                lo, hi = self._bounds(pin, block, clip)
+                while lo < hi:  # each part of the block neither held nor on its way
+                    gap = self._gap(pin.key, block, lo, hi, lo)
+                    if gap[0] < gap[1] and self._submit(pin, block, gap[0], gap[1]) is None:
+                        return clip  # no slot free: readers first
+                    lo = max(gap[1], lo + 1) if gap[0] < gap[1] else self._covered_until(pin.key, block, lo)
+            return clip
+
+    def _held(self, key: str, block: int) -> list[tuple[int, int]]:
+        """The ranges of ``block`` filled in its slot or being fetched; the lock is held."""
+        ranges = [(lo, hi) for (k, b, lo, hi) in self._fetching if k == key and b == block]
+        return ranges + self._block_cache().ranges((key, block))
+
+    def _gap(self, key: str, block: int, lo: int, hi: int, start: int) -> tuple[int, int]:
+        """The widest part of ``[lo, hi)`` around ``start`` that is neither held nor being fetched (empty
+        ``(start, start)`` if ``start`` is); the lock is held."""
+        for a, b in self._held(key, block):
+            if a <= start < b:
+                return start, start
+            if b <= start:
+                lo = max(lo, b)
+            elif a > start:
+                hi = min(hi, a)
+        return lo, hi
+
+    def _covered_until(self, key: str, block: int, position: int) -> int:
+        """The end of the held range holding ``position``."""
+        return max((b for a, b in self._held(key, block) if a <= position < b), default=position + 1)
+
+    def _in_flight(self, key: str, block: int, position: int) -> Future | None:
+        """The fetch under way that will fill ``position`` of ``block``, if any; the lock is held."""
+        return next(
+            (f for (k, b, lo, hi), f in self._fetching.items() if k == key and b == block and lo <= position < hi), None
+        )
+
+    def _give_back(self, pipe: int) -> None:
+        """The slots lent to ``pipe`` for its last reply, returned once the pipe is empty: a pipe serves one thread,
+        and libfuse sends a thread's reply before it takes the thread's next request (an empty pipe is not enough
+        alone: libfuse moves a reply into a pipe of its own before it writes it to the kernel)."""
+        lent = self._lent.get(pipe)
+        if lent and _pipe_empty(pipe):
+            cache = self._block_cache()
+            with self._lock:
+                for slot, owner in lent:
+                    cache.give_back(slot, owner)
+                lent.clear()
+
+    def _block_cache(self) -> SlotCache:
+        if self._cache is None:
+            with self._lock:
+                if self._cache is None:
+                    self._cache = SlotCache(self._cache_size, self.block_size)
+        return self._cache
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -526,6 +720,47 @@ class RemoteFiles:
                 if self._store is None:
                     self._store = self.transport.make_store()
         return self._store
+
+
+class _Stream:
+    """One reader of a file: where it is, the span it is in, and how far ahead of it to fetch."""
+
+    __slots__ = ("next", "low", "jump", "proof", "crossed", "window", "read", "passed")
+
+    def __init__(self, next_offset: int, low: int, jump: bool) -> None:
+        self.next = next_offset
+        self.low = low  # the span (tensor) it reads now
+        self.jump = jump  # it started inside a span (or a header): exactly what it asks until ``proof`` bytes on
+        self.proof = JUMP_PROOF
+        self.crossed = False  # it went on from one span into the next: its window crosses spans
+        self.window = 0
+        self.read = 0
+        self.passed = 0  # blocks before this one have been marked as read past (``SlotCache.pass_by``)
+
+
+def _write_some(pipe: int, data: bytes) -> int:
+    try:
+        return os.write(pipe, data)
+    except BlockingIOError:
+        return 0
+
+
+def _splice_some(fd: int, offset: int, count: int, pipe: int) -> int:
+    """``splice`` ``count`` bytes of ``fd`` at ``offset`` into the non-blocking ``pipe``; the count moved."""
+    done = 0
+    while done < count:
+        try:
+            moved = os.splice(fd, pipe, count - done, offset_src=offset + done)
+        except BlockingIOError:
+            break
+        if moved <= 0:
+            break
+        done += moved
+    return done
+
+
+def _pipe_empty(pipe: int) -> bool:
+    return struct.unpack("i", fcntl.ioctl(pipe, termios.FIONREAD, b"\0\0\0\0"))[0] == 0
 
 
 class _NoRange(OSError):

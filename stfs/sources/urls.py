@@ -17,6 +17,7 @@ from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
 from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
+from .http_client import HttpClient
 from .remote import Listing, RemoteFiles, Transport
 
 # A revision ends at the first "/", except the Hub's special refs, whose names hold two (huggingface_hub's
@@ -49,21 +50,70 @@ IDENTITY = {"Accept-Encoding": "identity"}
 
 
 class HttpTransport(Transport):
-    """One HTTP(S) server; it cannot list folders (SOURCE names a file or an index)."""
+    """One HTTP(S) server; it cannot list folders (SOURCE names a file or an index).
 
-    def __init__(self, base: str, headers: dict[str, str], timeout: float) -> None:
+    ``query``, a presigned URL's (``X-Amz-Signature=…``), goes with every request and is a secret: not in a
+    key, and cut out of every error; once the server refuses it (403) it has expired, and every later read
+    fails at once without asking again (``refuse_if_expired``)."""
+
+    def __init__(self, base: str, headers: dict[str, str], timeout: float, query: str = "") -> None:
         self.base = base
         self.headers = headers
         self.timeout = timeout
+        self.query = query
+        self.expired = False
+        self._client: HttpClient | None = None
 
     def make_store(self) -> Any:
         from obstore.store import HTTPStore
 
+        # obstore keeps the base URL's query on every request it makes (the path is appended before it)
         return HTTPStore(
-            self.base,
+            self.base + (f"?{self.query}" if self.query else ""),
             client_options=_client_options(self.timeout, {**IDENTITY, **self.headers}),
             retry_config=NO_RETRIES,
         )
+
+    def client(self) -> HttpClient:
+        if self._client is None:
+            self._client = HttpClient(self.base, self.headers, self.timeout, self.query)
+        return self._client
+
+    def refuse_if_expired(self) -> None:
+        if self.expired:
+            raise PermissionError(self._expired_message())
+
+    def shown(self, exc: Exception) -> Exception:
+        if not self.query:
+            return exc
+        text = str(exc)
+        secret = self.query in text or urllib.parse.unquote(self.query) in text
+        if _status_of(exc, text) == 403:
+            if not self.expired:
+                self.expired = True
+            return PermissionError(self._expired_message())
+        if not secret:
+            return exc
+        for form in (self.query, urllib.parse.unquote(self.query)):
+            text = text.replace("?" + form, "").replace(form, "")
+        try:
+            return type(exc)(text)
+        except Exception:
+            return OSError(text)
+
+    def _expired_message(self) -> str:
+        return (
+            f"{self.base}: the server refuses the presigned URL (status code: 403 Forbidden): it has expired or its "
+            "signature is not valid; mount it again with a new URL"
+        )
+
+
+def _status_of(exc: Exception, text: str) -> int:
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status
+    match = re.search(r"status code: (\d{3})", text)
+    return int(match.group(1)) if match else (403 if type(exc).__name__ == "PermissionDeniedError" else 0)
 
 
 class S3Transport(Transport):
@@ -223,7 +273,8 @@ def open_remote(
             headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
         base = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
-        transport, key = HttpTransport(base, headers, timeout), base + (parts.path or "/")
+        # the key is the URL without its query (a presigned URL's signature: a secret, sent with every request)
+        transport, key = HttpTransport(base, headers, timeout, parts.query), base + (parts.path or "/")
     source = RemoteFiles(
         transport, cache_size=cache_size, timeout=timeout, disk_cache=disk, ranges_required=ranges_required
     )

@@ -1,0 +1,107 @@
+"""Ranged GETs read straight into memory the caller gives: ``http.client``'s ``readinto`` over kept-alive
+connections to one HTTP(S) server.
+
+obstore assembles every answer into a fresh buffer of its own (a copy and a page fault per fresh page);
+here the socket (or TLS) is read into the block cache's slot itself, the one user-space copy of a byte.
+HTTPS trusts the system's CA store, ``SSL_CERT_FILE`` honoured (OpenSSL's default paths).
+
+``query`` (a presigned URL's ``X-Amz-Signature=…``) goes with every request and is a secret: it is in no
+message this module makes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ssl
+import threading
+import urllib.parse
+
+
+class StatusError(OSError):
+    """The server answered with a status a ranged GET cannot use; the message says ``status code: N``."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class PreconditionError(StatusError):
+    """412: the object is no longer the version pinned (``If-Match`` failed)."""
+
+
+class HttpClient:
+    """GETs of byte ranges of one server's files, each read into a buffer given (see the module docstring)."""
+
+    def __init__(self, base: str, headers: dict[str, str], timeout: float, query: str = "") -> None:
+        parts = urllib.parse.urlsplit(base)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or ""
+        self.port = parts.port or (443 if self.https else 80)
+        self.headers = {"Accept-Encoding": "identity", **headers}
+        self.timeout = timeout
+        self.query = query
+        self._context = ssl.create_default_context() if self.https else None
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def get_into(self, path: str, lo: int, into: memoryview, etag: str | None = None) -> None:
+        """Fill ``into`` with the bytes of ``/path`` from ``lo`` (one ``Range`` GET, ``If-Match: etag``)."""
+        hi = lo + len(into)
+        headers = dict(self.headers, Range=f"bytes={lo}-{hi - 1}")
+        if etag:
+            headers["If-Match"] = etag
+        target = "/" + urllib.parse.quote(path.lstrip("/"), safe="/%:@!$&'()*+,;=-._~")
+        if self.query:
+            target += "?" + self.query
+        connection = self._connection()
+        try:
+            connection.request("GET", target, headers=headers)
+            response = connection.getresponse()
+            if response.status != 206:
+                response.read(64 * 1024)  # a small error body; a whole file (200) is never read
+                connection.close()
+                raise _status_error(response, path, lo, hi)
+            expected = f"bytes {lo}-{hi - 1}/"
+            content_range = response.getheader("Content-Range", "")
+            if not content_range.startswith(expected):
+                connection.close()
+                raise OSError(f"asked for bytes {lo}-{hi}, the server sent {content_range or 'no Content-Range'}")
+            done = 0
+            while done < len(into):
+                got = response.readinto(into[done:])
+                if not got:
+                    raise OSError(f"the connection closed after {done} of {len(into)} bytes")
+                done += got
+        except BaseException:
+            connection.close()
+            raise
+        self._keep(connection)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        if self.https:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._context)
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+
+    def _keep(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._idle.append(connection)
+
+
+def _status_error(response: http.client.HTTPResponse, path: str, lo: int, hi: int) -> StatusError:
+    status = response.status
+    where = f"GET of bytes {lo}-{hi} of /{path.lstrip('/')}"
+    if status == 200:
+        return StatusError(f"{where}: Range request not supported (the server answered 200, the whole file)", 200)
+    message = f"{where}: the server answered with status code: {status} {response.reason}"
+    if status == 412:
+        return PreconditionError(message, status)
+    return StatusError(message, status)
