@@ -50,6 +50,7 @@ from scripts.bench import (  # noqa: E402
     stfs_command,
     write_model,
 )
+from tests.helpers import rss_memory  # noqa: E402
 from tests.servers import FaultProxy, Nginx, make_tls  # noqa: E402
 
 TENSORS = 8
@@ -156,26 +157,15 @@ def stfs_mounted(url: str, mountpoint: str, extra: list[str] | None = None) -> I
         mount.unmount()
 
 
-def memory_of(pid: int) -> int:
-    """RssAnon + RssShmem of ``pid`` (a memfd cache's pages are memory too), in bytes."""
-    fields = {}
-    with open(f"/proc/{pid}/status") as stream:
-        for line in stream:
-            name, _, value = line.partition(":")
-            if name in ("RssAnon", "RssShmem"):
-                fields[name] = int(value.split()[0]) * 1024
-    return sum(fields.values())
-
-
 def peak_memory_while(pid: int, work: Callable[[], float]) -> tuple[float, int]:
-    """``work()``'s result and the highest ``memory_of(pid)`` meanwhile (sampled every 10 ms)."""
-    peak = [memory_of(pid)]
+    """``work()``'s result and the highest ``rss_memory(pid)`` meanwhile (sampled every 10 ms)."""
+    peak = [rss_memory(pid)]
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(0.01):
             with contextlib.suppress(OSError):
-                peak[0] = max(peak[0], memory_of(pid))
+                peak[0] = max(peak[0], rss_memory(pid))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
