@@ -66,6 +66,26 @@ def write_raw(
     return path
 
 
+# SPEC §8: the dtypes whose values are floats (f32/ files, heatmaps); the others are integers, BOOL and C64
+FLOAT_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"})
+FLOAT_DTYPES |= {"F16", "BF16", "F32", "F64"}
+
+
+def read_tensors(path: str | os.PathLike[str]) -> list[tuple[str, str, tuple[int, ...], bytes, int]]:
+    """Every tensor of a safetensors file, read straight from it (independent of stfs):
+    (name, dtype, shape, bytes, absolute offset of its data)."""
+    with open(path, "rb") as stream:
+        (length,) = struct.unpack("<Q", stream.read(8))
+        header = json.loads(stream.read(length))
+        data = stream.read()
+    return [
+        (name, info["dtype"], tuple(info["shape"]), data[begin:end], 8 + length + begin)
+        for name, info in header.items()
+        if name != "__metadata__"
+        for begin, end in [info["data_offsets"]]
+    ]
+
+
 # safetensors.serialize's name of every dtype it writes (all but F6); F4 is given in storage shape (two values a byte)
 SERIALIZE_NAMES = {
     "BOOL": "bool",

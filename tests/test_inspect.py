@@ -29,13 +29,12 @@ from stfs.summary import Finished, TensorBytes
 from stfs.tensor_stats import render, stats_size
 from tests.decoding import every_code, reference
 from tests.helpers import MountFn, dd_whole, need_fuse, peak_rss_anon_while, read_cold, rss_anon, run
-from tests.models import Tensors, write_by_hand, write_serialized, write_sharded
+from tests.models import FLOAT_DTYPES, Tensors, read_tensors, write_by_hand, write_serialized, write_sharded
 from tests.servers import FaultProxy, Nginx
 
 pytestmark = pytest.mark.timeout(120)
 
-FLOATS = {"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
-FLOATS |= {"F16", "BF16", "F32", "F64"}
+FLOATS = FLOAT_DTYPES
 INTEGERS = {"U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"}
 STATS_DTYPES = sorted(set(DTYPE_BITS) - {"C64"})
 
@@ -123,21 +122,7 @@ class Tensor:
 
 def catalog(source: Path, model: str) -> list[Tensor]:
     """Every tensor of a safetensors file, read straight from it."""
-    data = source.read_bytes()
-    length = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + length])
-    start = 8 + length
-    return [
-        Tensor(
-            model,
-            name,
-            info["dtype"],
-            tuple(info["shape"]),
-            data[start + info["data_offsets"][0] : start + info["data_offsets"][1]],
-        )
-        for name, info in header.items()
-        if name != "__metadata__"
-    ]
+    return [Tensor(model, name, dtype, shape, data) for name, dtype, shape, data, _ in read_tensors(source)]
 
 
 @dataclass

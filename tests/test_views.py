@@ -4,11 +4,9 @@ against a reference decoding (tests/test_decode.py), headers parsed by hand, a C
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import random
-import struct
 import sys
 import threading
 from collections.abc import Iterator
@@ -24,11 +22,19 @@ from stfs.decode import NATIVE
 from stfs.format import DTYPE_BITS
 from tests.decoding import every_code, parse_npy_header, reference
 from tests.helpers import MountFn, dd_whole, need_fuse, peak_rss_anon_while, rss_anon, run
-from tests.models import rich_arrays, sharded_arrays, write_by_hand, write_numpy, write_serialized, write_sharded
+from tests.models import (
+    FLOAT_DTYPES,
+    read_tensors,
+    rich_arrays,
+    sharded_arrays,
+    write_by_hand,
+    write_numpy,
+    write_serialized,
+    write_sharded,
+)
 
 ALL_DTYPES = sorted(DTYPE_BITS)
-FLOATS = {"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
-FLOATS |= {"F16", "BF16", "F32", "F64"}
+FLOATS = FLOAT_DTYPES
 BIG = 400_000  # values: a decoded file of 1.6 MB spans several 1 MiB requests
 
 
@@ -93,22 +99,9 @@ class Tensor:
 
 def catalog(source: str, model: str = "") -> list[Tensor]:
     """Every tensor of a safetensors file, read straight from it (independent of stfs)."""
-    with open(source, "rb") as stream:
-        (length,) = struct.unpack("<Q", stream.read(8))
-        header = json.loads(stream.read(length))
-        data = stream.read()
     return [
-        Tensor(
-            model,
-            name,
-            info["dtype"],
-            tuple(info["shape"]),
-            data[info["data_offsets"][0] : info["data_offsets"][1]],
-            os.path.abspath(source),
-            8 + length + info["data_offsets"][0],
-        )
-        for name, info in header.items()
-        if name != "__metadata__"
+        Tensor(model, name, dtype, shape, data, os.path.abspath(source), offset)
+        for name, dtype, shape, data, offset in read_tensors(source)
     ]
 
 
