@@ -7,7 +7,9 @@
  * everything C does not answer: a read of a file that is not one Range of a local source (bytes in
  * memory, Decoded pieces, any other segment kind), a source whose descriptor C does not hold, any
  * short or failed transfer, a source that no longer matches its pin (Python logs it and answers EIO),
- * a folder whose names C could not encode. C calls down into Python, never the other way round.
+ * a folder whose names C could not encode. C calls down into Python, never the other way round. Those
+ * reads go to Python's reader, not to a ctypes callback: it says what the reply holds and C makes the
+ * fuse_bufvec ("Python's replies" below), so no C structure is packed in Python.
  *
  * The tables are built once, before the session starts (build(), with the GIL), from the Python tree,
  * and are read-only afterwards, so the callbacks run without the GIL. Nodes are indexed by inode
