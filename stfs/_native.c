@@ -7,7 +7,9 @@
  * everything C does not answer: a read of a file that is not one Range of a local source (bytes in
  * memory, Decoded pieces, any other segment kind), a source whose descriptor C does not hold, any
  * short or failed transfer, a source that no longer matches its pin (Python logs it and answers EIO),
- * a folder whose names C could not encode. C calls down into Python, never the other way round.
+ * a folder whose names C could not encode. C calls down into Python, never the other way round. Those
+ * reads go to Python's reader, not to a ctypes callback: it says what the reply holds and C makes the
+ * fuse_bufvec ("Python's replies" below), so no C structure is packed in Python.
  *
  * The tables are built once, before the session starts (build(), with the GIL), from the Python tree,
  * and are read-only afterwards, so the callbacks run without the GIL. Nodes are indexed by inode
@@ -32,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -420,6 +423,137 @@ static int unchanged(source_t *source) {
     return 0;
 }
 
+/* -- Python's replies --------------------------------------------------------------------------------- *
+ * A read C does not answer goes to Python's reader (set by reader(), called with the GIL as
+ * reader(path, fh, size, offset)), which answers with a negative errno or a list of the reply's pieces in
+ * order: an int n, n bytes this thread's pipe holds (moved there by a source's splice_into into the pipe
+ * pipe() names, or by lend()), or a bytes-like object, copied into the reply. C makes the fuse_bufvec:
+ * Python never packs a C structure. */
+
+static PyObject *py_reader; /* set before the session starts, read-only while it runs */
+
+static void free_buffers(struct fuse_bufvec *vector, size_t used) {
+    for (size_t i = 0; i < used; i++)
+        if (!(vector->buf[i].flags & FUSE_BUF_IS_FD)) free(vector->buf[i].mem);
+    free(vector);
+}
+
+/* The fuse_bufvec of pieces (a list, as above) in *bufp; 0, or a negative errno with nothing allocated. */
+static int python_reply(PyObject *pieces, struct fuse_bufvec **bufp) {
+    Py_ssize_t total = PyList_GET_SIZE(pieces);
+    size_t count = 0;
+    for (Py_ssize_t i = 0; i < total; i++) /* consecutive pipe pieces are one buffer */
+        if (!PyLong_Check(PyList_GET_ITEM(pieces, i)) || i == 0 || !PyLong_Check(PyList_GET_ITEM(pieces, i - 1)))
+            count++;
+    struct fuse_bufvec *vector = calloc(1, sizeof *vector + (count ? count - 1 : 0) * sizeof(struct fuse_buf));
+    if (!vector) return -ENOMEM;
+    vector->count = count ? count : 1; /* an empty reply: one buffer of no bytes, as FUSE_BUFVEC_INIT(0) */
+    vector->buf[0].fd = -1;
+    pipe_t *pipe = NULL;
+    size_t used = 0;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        PyObject *piece = PyList_GET_ITEM(pieces, i);
+        if (PyLong_Check(piece)) {
+            Py_ssize_t size = PyLong_AsSsize_t(piece);
+            if (size < 0 || (pipe == NULL && (pipe = thread_pipe()) == NULL)) goto fail;
+            if (i > 0 && PyLong_Check(PyList_GET_ITEM(pieces, i - 1))) {
+                vector->buf[used - 1].size += (size_t)size;
+                continue;
+            }
+            vector->buf[used].flags = FUSE_BUF_IS_FD;
+            vector->buf[used].fd = pipe->read_fd;
+            vector->buf[used++].size = (size_t)size;
+            continue;
+        }
+        Py_buffer view;
+        if (PyObject_GetBuffer(piece, &view, PyBUF_SIMPLE) < 0) goto fail;
+        void *memory = malloc(view.len ? (size_t)view.len : 1);
+        if (memory) memcpy(memory, view.buf, (size_t)view.len);
+        PyBuffer_Release(&view);
+        if (!memory) {
+            free_buffers(vector, used);
+            return -ENOMEM;
+        }
+        vector->buf[used].mem = memory;
+        vector->buf[used].fd = -1;
+        vector->buf[used++].size = (size_t)view.len;
+    }
+    *bufp = vector; /* libfuse sends it, then frees it and every memory buffer (fuse.c fuse_free_buf) */
+    return 0;
+fail:
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(py_reader);
+    free_buffers(vector, used);
+    return -EIO;
+}
+
+/* A read answered by Python (the last resort of n_read_buf). */
+static int python_read(const char *path, struct fuse_bufvec **bufp, size_t size, off_t offset,
+                       struct fuse_file_info *fi) {
+    if (py_reader == NULL) return -EIO;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int result = -EIO;
+    PyObject *answer = PyObject_CallFunction(py_reader, "yKnL", path, (unsigned long long)(fi ? fi->fh : 0),
+                                             (Py_ssize_t)size, (long long)offset);
+    if (answer == NULL) {
+        PyErr_WriteUnraisable(py_reader); /* the reader answers every Exception itself: SystemExit and the like */
+    } else if (PyList_Check(answer)) {
+        result = python_reply(answer, bufp);
+    } else if (PyLong_Check(answer)) {
+        long value = PyLong_AsLong(answer);
+        result = value < 0 && value > -4096 ? (int)value : -EIO;
+        PyErr_Clear();
+    }
+    Py_XDECREF(answer);
+    PyGILState_Release(gil);
+    if (result != 0) {
+        pthread_once(&pipe_once, pipe_key_make);
+        pipe_t *pipe = pthread_getspecific(pipe_key);
+        if (pipe) pipe_drain(pipe); /* what a failed reply left there */
+    }
+    return result;
+}
+
+/* reader(callable or None): who answers the reads C does not; with one set, install() puts C's read_buf in the
+ * table whether mfusepy has one or not. */
+static PyObject *set_reader(PyObject *self, PyObject *reader) {
+    (void)self;
+    if (g.installed) {
+        PyErr_SetString(PyExc_RuntimeError, "the session has started");
+        return NULL;
+    }
+    if (reader != Py_None && !PyCallable_Check(reader)) {
+        PyErr_SetString(PyExc_TypeError, "the reader must be callable");
+        return NULL;
+    }
+    Py_XSETREF(py_reader, reader == Py_None ? NULL : Py_NewRef(reader));
+    Py_RETURN_NONE;
+}
+
+/* pipe() -> (write_fd, limit): this thread's pipe, emptied, for a source's splice_into; limit: the most one reply
+ * may put in it. */
+static PyObject *py_pipe(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    pipe_t *pipe = thread_pipe();
+    if (pipe == NULL) return PyErr_SetFromErrno(PyExc_OSError);
+    if (!pipe_empty(pipe)) pipe_drain(pipe); /* left over from a reply that was not sent */
+    return Py_BuildValue("(in)", pipe->write_fd, (Py_ssize_t)pipe->limit);
+}
+
+/* lend(buffer) -> count: vmsplice the buffer's bytes into this thread's pipe by reference (they must stay as they
+ * are until the reply is sent); the count moved, -1 if the pipe is full. */
+static PyObject *lend(PyObject *self, PyObject *buffer) {
+    (void)self;
+    pipe_t *pipe = thread_pipe();
+    if (pipe == NULL) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0) return NULL;
+    struct iovec iov = {.iov_base = view.buf, .iov_len = (size_t)view.len};
+    ssize_t moved = vmsplice(pipe->write_fd, &iov, 1, 0);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(moved);
+}
+
 static int n_read_buf(const char *path, struct fuse_bufvec **bufp, size_t size, off_t offset,
                       struct fuse_file_info *fi) {
     uint64_t index = fi != NULL ? fi->fh : 0;
@@ -485,7 +619,7 @@ static int n_read_buf(const char *path, struct fuse_bufvec **bufp, size_t size, 
     }
     free(memory);
 python:
-    return g.py.read_buf ? g.py.read_buf(path, bufp, size, offset, fi) : -EIO;
+    return python_read(path, bufp, size, offset, fi);
 }
 
 /* -- the Python side ---------------------------------------------------------------------------------- */
@@ -853,6 +987,7 @@ static PyObject *install(PyObject *self, PyObject *args) {
     if (ops->name) ops->name = n_##name;
     OPS_FIELDS(REPLACE)
 #undef REPLACE
+    if (py_reader) ops->read_buf = n_read_buf; /* Python's reads come back through python_read */
     g.installed = 1;
     Py_RETURN_NONE;
 }
@@ -941,6 +1076,9 @@ static PyMethodDef methods[] = {
     {"counts", counts, METH_NOARGS, "counts() -> (calls, read_sizes, read_bytes) answered in C"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(path) -> inode, 0 if none"},
     {"layout", layout, METH_NOARGS, "layout() -> {name: (offset, size)} of what this module writes"},
+    {"reader", set_reader, METH_O, "reader(callable or None): answers the reads C does not, in pieces"},
+    {"pipe", py_pipe, METH_NOARGS, "pipe() -> (write_fd, limit): this thread's pipe, empty, for splice_into"},
+    {"lend", lend, METH_O, "lend(buffer) -> count: vmsplice the buffer into this thread's pipe"},
     {NULL, NULL, 0, NULL},
 };
 

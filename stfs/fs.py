@@ -1,9 +1,9 @@
 """The FUSE layer: path -> node -> answer. errno lives here and only here.
 
 ``StfsOperations`` answers every request through a small core — ``node``, ``stat``, ``entries``,
-``file``, ``fill`` — that ``_libfuse.StfsFUSE`` calls for the packed C replies production sends
-and the dict-returning mfusepy callbacks wrap for everything else (and for the tests): one
-request path. Any failure that is not already an errno becomes ``EIO`` with a log line.
+``file``, ``fill`` — that mfusepy's plain callbacks (``getattr``, ``readdir``, ``read``, ...) wrap,
+and that ``_libfuse.Reader`` calls for the reads stfs._native hands back: one request path. Any
+failure that is not already an errno becomes ``EIO`` with a log line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-from ._libfuse import ENOATTR, STAT_FIELDS, FuseOSError, Operations
+from ._libfuse import ENOATTR, FuseOSError, Operations
 from .nodes import DIR_MODE, FILE_MODE, DirNode, FileNode, Node, clamp, file_mode, read_into, tensor_xattrs
 from .sources import PAGE, ByteSource, SourceChanged
 from .tree import NAME_MAX, Tree
@@ -26,6 +26,19 @@ log = logging.getLogger(__name__)
 DAEMON_PID_XATTR = "user.stfs.pid"
 CHANGED_XATTR = "user.stfs.changed"
 F = TypeVar("F", bound=Callable[..., Any])
+STAT_FIELDS = (
+    "st_mode",
+    "st_ino",
+    "st_nlink",
+    "st_size",
+    "st_blocks",
+    "st_blksize",
+    "st_uid",
+    "st_gid",
+    "st_mtime",
+    "st_ctime",
+    "st_atime",
+)
 
 
 def eio_on_surprise(method: F) -> F:
@@ -86,7 +99,7 @@ class StfsOperations(Operations):
         return node
 
     def stat(self, node: Node) -> tuple[int, ...]:
-        """The values of ``STAT_FIELDS`` for ``node`` (``StfsFUSE`` packs them straight into a struct stat)."""
+        """The values of ``STAT_FIELDS`` for ``node`` (times in nanoseconds)."""
         mtime = node.mtime_ns
         if isinstance(node, DirNode):
             mode, links, size, blocks = DIR_MODE, 2, 0, 0
@@ -145,9 +158,12 @@ class StfsOperations(Operations):
 
     # -- mfusepy's callbacks, over the core ---------------------------------------------------------------------
 
+    @eio_on_surprise
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        return dict(zip(STAT_FIELDS, self.stat(self.node(path)), strict=True))
+        node = self.file(None, fh or 0) if path is None else self.node(path)  # by handle: an open file
+        return dict(zip(STAT_FIELDS, self.stat(node), strict=True))
 
+    @eio_on_surprise
     def readdir(self, path: str, fh: int) -> list[Any]:
         # use_ino: an entry with inode 0 is skipped by readdir(3), so "." and ".." carry theirs
         return [(name, {"st_mode": file_mode(node), "st_ino": node.inode}, 0) for name, node in self.entries(path)]
@@ -162,15 +178,12 @@ class StfsOperations(Operations):
         self.open_files[node.inode] = node
         return node.inode
 
+    @eio_on_surprise
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         node = self.file(path, fh)
         buffer = bytearray(clamp(node, offset, size))
         count = self.fill(node, memoryview(buffer), offset)
-        return bytes(buffer[:count])
-
-    def read_buf(self, path: str, bufpp: Any, size: int, offset: int, fh: int) -> int:
-        """Answered by ``_libfuse.StfsFUSE.read_buf`` (pages spliced, or one copy); defined so mfusepy registers it."""
-        raise FuseOSError(errno.ENOSYS)
+        return bytes(buffer) if count == len(buffer) else bytes(buffer[:count])
 
     @eio_on_surprise
     def statfs(self, path: str) -> dict[str, int]:

@@ -13,12 +13,14 @@ for it. Without the variable nothing is counted.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 ENVIRONMENT_VARIABLE = "STFS_STATS"
 
@@ -102,6 +104,31 @@ class Stats:
                 self.dump()
 
         threading.Thread(target=wait, name="stfs-stats", daemon=True).start()
+
+
+def counted(operations: Any, stats: Stats) -> Any:
+    """``operations`` with each call of its methods counted under the method's name (what mfusepy is handed when
+    stats are on; the callbacks stfs._native answers are counted there, by the names of mfusepy's wrappers)."""
+    return _Counted(operations, stats)
+
+
+class _Counted:
+    def __init__(self, operations: Any, stats: Stats) -> None:
+        self._operations = operations
+        self._count = stats.count_call
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._operations, name)
+        if not callable(value) or name.startswith("_") or getattr(value, "libfuse_ignore", False):
+            return value
+        count = self._count
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            count(name)
+            return value(*args, **kwargs)
+
+        return call
 
 
 class _Counters:

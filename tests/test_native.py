@@ -157,15 +157,19 @@ def test_the_c_path_serves_and_is_counted(tmp_path: Path, require_native: None) 
 
 def test_stfs_native_0_serves_from_python(tmp_path: Path, require_fuse: None) -> None:
     source = model(tmp_path)
-    mnt, log_file = tmp_path / "mnt", tmp_path / "log"
-    background(source, mnt, log_file, env=dict(os.environ, STFS_NATIVE="0"))
+    mnt, log_file, stats = tmp_path / "mnt", tmp_path / "log", tmp_path / "stats.json"
+    background(source, mnt, log_file, env=dict(os.environ, STFS_NATIVE="0", STFS_STATS=str(stats)))
     try:
         assert read_cold(tensor_path(str(mnt), "tiny")) == bytes([0, 1, 2])
+        assert len(os.listdir(mnt / "tensors")) > 3
     finally:
         unmount(mnt)
     lines = log_file.read_text().splitlines()
     assert len([line for line in lines if "served from Python (STFS_NATIVE=0)" in line]) == 1, lines
     assert not [line for line in lines if "answered in C" in line]
+    calls = json.loads(stats.read_text())["calls"]  # mfusepy's plain callbacks, counted by their names
+    assert calls["read"] >= 1 and calls["getattr"] >= 1 and calls["readdir"] >= 1, calls
+    assert "read_buf" not in calls and "getattr_fuse_3" not in calls, calls
 
 
 def test_an_install_without_the_extension_serves_from_python(tmp_path: Path, require_fuse: None) -> None:
