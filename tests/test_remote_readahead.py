@@ -25,13 +25,18 @@ pytestmark = pytest.mark.timeout(120)
 TENSORS, SIZE = 12, 3 * MIB + 4321  # not block-aligned: tensor boundaries fall inside blocks
 
 
-def spans(path: Path) -> list[tuple[int, int]]:
-    """Each tensor's [start, end) in the file, in file order."""
+def named_spans(path: Path) -> dict[str, tuple[int, int]]:
+    """Each tensor's [start, end) in the file, by name."""
     with open(path, "rb") as stream:
         length = int.from_bytes(stream.read(8), "little")
         header = json.loads(stream.read(length))
     header.pop("__metadata__", None)
-    return sorted((8 + length + e["data_offsets"][0], 8 + length + e["data_offsets"][1]) for e in header.values())
+    return {name: (8 + length + e["data_offsets"][0], 8 + length + e["data_offsets"][1]) for name, e in header.items()}
+
+
+def spans(path: Path) -> list[tuple[int, int]]:
+    """Each tensor's [start, end) in the file, in file order."""
+    return sorted(named_spans(path).values())
 
 
 def fetched_ranges(nginx: Nginx, name: str) -> list[tuple[int, int]]:
@@ -94,6 +99,28 @@ def test_a_jump_to_one_tensor_through_files_fetches_only_around_it(
     # the tensor, the header, and the kernel's own readahead around the faults (max_read either side), never
     # the tensors after it (it was 21x the tensor before: the read at offset 0 counted as sequential)
     assert fetched <= (hi - lo) + 8 + length + 3 * MIB, fetched / (hi - lo)
+
+
+def test_a_smaller_max_read_makes_safe_open_of_one_tensor_fetch_at_most_a_tenth_more(
+    nginx: Nginx, served: tuple[Path, str], mount: MountFn
+) -> None:
+    """README's option for a loader that picks a few tensors: ``-o max_read=131072`` makes the kernel's readahead
+    128 KiB, and the read-around of safe_open's mmap faults stays within a tenth of the tensor and the header."""
+    safetensors = pytest.importorskip("safetensors")
+    local, url = served
+    mnt = mount(url, options=["max_read=131072"])
+    device = os.stat(mnt).st_dev
+    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as stream:
+        assert int(stream.read()) == 128
+    nginx.log.clear()
+    bounds = spans(local)
+    lo, hi = bounds[7]
+    name = next(n for n, span in named_spans(local).items() if span == (lo, hi))
+    with safetensors.safe_open(os.path.join(mnt, "files", "m.safetensors"), "numpy") as opened:
+        got = opened.get_tensor(name)
+    assert got.tobytes() == local.read_bytes()[lo:hi], "not the tensor's bytes"
+    fetched = sum(b - a for a, b in fetched_ranges(nginx, "m.safetensors"))
+    assert fetched <= 1.1 * ((hi - lo) + bounds[0][0]), fetched / ((hi - lo) + bounds[0][0])
 
 
 def test_the_block_cache_under_eviction_with_concurrent_readers(
