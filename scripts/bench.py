@@ -18,7 +18,9 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
   latency   20,000 random 4 KiB preads (POSIX_FADV_RANDOM: one request per page) on a
             fresh mount, and the same offsets on the source
   mount     `stfs mount` until ready for 300 / 10,000 / 100,000 tensors next to
-            safetensors.safe_open(path).keys(); daemon RssAnon; `find MNT -type f | wc -l`
+            safetensors.safe_open(path).keys(); daemon RssAnon; `find MNT -type f | wc -l`, and the same
+            find over the C reference (scripts/cref.c) and squashfuse_ll serving the very tree stfs shows
+            (tree_listing; squashfuse_ll where `apt-get install squashfuse squashfs-tools` has put it)
   views     --view npy --view f32 on an F32 and a BF16 tensor of --size-mib each, fresh mounts, source
             warm: dd bs=1M of tensors/ (raw), of npy/ (F32) and of f32/ (BF16, output bytes/s);
             np.load of the .npy next to safetensors.numpy.load_file; the daemon's RssAnon growth
@@ -1097,6 +1099,10 @@ def table(results: dict[str, Any]) -> str:
             versus += [f"C {cref[key]:.3g} ({value / cref[key]:.2f}x)"] if key in cref else []
             ratio = f"{value / baseline[key]:.2f}x baseline" if key in baseline else ""
             add(f"ab: {key}", f"{value:.3g} ({'; '.join(versus)})", ratio)
+        for key, value in cref.items():
+            if key.endswith("_squashfuse") and key[: -len("_squashfuse")] in this:
+                mine = this[key[: -len("_squashfuse")]]
+                add(f"ab: {key}", f"{value:.3g} (this {mine:.3g}: {mine / value:.2f}x)", "this <= 0.8x")
         for key in ("p50", "p99"):
             if f"{key}_1thread_us" in cref:
                 single = cref[f"{key}_1thread_us"]
