@@ -18,7 +18,9 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
   latency   20,000 random 4 KiB preads (POSIX_FADV_RANDOM: one request per page) on a
             fresh mount, and the same offsets on the source
   mount     `stfs mount` until ready for 300 / 10,000 / 100,000 tensors next to
-            safetensors.safe_open(path).keys(); daemon RssAnon; `find MNT -type f | wc -l`
+            safetensors.safe_open(path).keys(); daemon RssAnon; `find MNT -type f | wc -l`, and the same
+            find over the C reference (scripts/cref.c) and squashfuse_ll serving the very tree stfs shows
+            (tree_listing; squashfuse_ll where `apt-get install squashfuse squashfs-tools` has put it)
   views     --view npy --view f32 on an F32 and a BF16 tensor of --size-mib each, fresh mounts, source
             warm: dd bs=1M of tensors/ (raw), of npy/ (F32) and of f32/ (BF16, output bytes/s);
             np.load of the .npy next to safetensors.numpy.load_file; the daemon's RssAnon growth
@@ -233,12 +235,6 @@ def many_names(count: int) -> list[str]:
     return [f"model.layers.{i // len(MANY_PARTS)}.{MANY_PARTS[i % len(MANY_PARTS)]}" for i in range(count)]
 
 
-def folder_count(count: int) -> int:
-    """Folders of the mounted many_model(count): every dotted prefix, plus /, tensors/ and metadata/."""
-    prefixes = {name[:i] for name in many_names(count) for i, char in enumerate(name) if char == "."}
-    return len(prefixes) + 3
-
-
 def many_model(folder: str, count: int) -> str:
     """A model of ``count`` small tensors named like a transformer's (nested folders)."""
     path = os.path.join(folder, f"many-{count}.safetensors")
@@ -252,6 +248,61 @@ def many_model(folder: str, count: int) -> str:
 
     write_model(path, tensors, fill)
     return path
+
+
+LISTING = """
+import sys
+from stfs.model import resolve, source_files
+from stfs.nodes import DirNode
+from stfs.sources import open_source
+from stfs.views import build_tree
+source, key = open_source(sys.argv[1], mounting=True)
+models = resolve(key, source)
+tree = build_tree(models, files=source_files(key, source, models))
+with open(sys.argv[2], "w") as stream:
+    for path, node in tree.walk():
+        folder = type(node) is DirNode
+        stream.write(f"{'d' if folder else 'f'}\\t{0 if folder else node.size}\\t{path}\\n")
+"""
+
+
+def tree_listing(path: str) -> str:
+    """The tree an stfs mount of ``path`` shows, one line per entry (``d|f\\tSIZE\\tPATH``, folders before what
+    they hold): written by this checkout's stfs from its own tree, for scripts/cref.c and mksquashfs."""
+    listing = path + ".tree"
+    if not os.path.exists(listing) or os.path.getmtime(listing) < os.path.getmtime(path):
+        subprocess.run([sys.executable, "-c", LISTING, path, listing + ".new"], check=True, env=environment())
+        os.replace(listing + ".new", listing)
+    return listing
+
+
+def squashfs_image(listing: str) -> str | None:
+    """A squashfs image of the listed tree (sparse files of the listed sizes), for squashfuse_ll; None without
+    mksquashfs."""
+    if shutil.which("mksquashfs") is None:
+        return None
+    image = listing + ".squashfs"
+    if os.path.exists(image) and os.path.getmtime(image) >= os.path.getmtime(listing):
+        return image
+    staging = listing + ".d"
+    shutil.rmtree(staging, ignore_errors=True)
+    with open(listing) as stream:
+        for line in stream:
+            kind, size, path = line.rstrip("\n").split("\t", 2)
+            target = staging + path
+            if kind == "d":
+                os.makedirs(target, exist_ok=True)
+            else:
+                with open(target, "wb") as out:
+                    out.truncate(int(size))
+    subprocess.run(
+        ["mksquashfs", staging, image + ".new", "-noappend", "-quiet", "-no-progress"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    os.replace(image + ".new", image)
+    shutil.rmtree(staging)
+    return image
 
 
 # ---------------------------------------------------------------------------------------------- mounts
@@ -350,17 +401,32 @@ class Mount:
 class CReference:
     """scripts/cref.c, a minimal C libfuse3 server of one file (``/big``), mounted like stfs for comparison.
 
-    With ``source`` "tree:N" it serves N folders of one file each instead (for ``find``).
+    With ``source`` "list:FILE" it serves the tree ``tree_listing`` wrote instead (for ``find``), with the mount
+    options stfs mounts with (stfs/daemon.py DEFAULT_OPTIONS: one thread, use_ino, the same timeouts); ``plus``
+    (CREF_PLUS) says which entries its readdir hands over with their attributes: folders (as stfs), all, none.
     """
 
-    def __init__(self, binary: str, source: str, offset: int, size: int, mountpoint: str, single: bool = False) -> None:
+    def __init__(
+        self,
+        binary: str,
+        source: str,
+        offset: int,
+        size: int,
+        mountpoint: str,
+        single: bool = False,
+        plus: str = "folders",
+    ) -> None:
         self.mountpoint = mountpoint
         os.makedirs(mountpoint, exist_ok=True)
         options = "ro,kernel_cache,attr_timeout=86400,entry_timeout=86400,fsname=cref"
+        if source.startswith("list:"):
+            options += ",negative_timeout=86400"  # and use_ino, set by cref.c in its init
+            single = True
         self.process = subprocess.Popen(
             [binary, source, str(offset), str(size), mountpoint, "-f", *(["-s"] if single else []), "-o", options],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=dict(os.environ, CREF_PLUS=plus),
         )
         deadline = time.monotonic() + 10
         while not os.path.ismount(mountpoint):
@@ -393,6 +459,54 @@ def c_reference(args: argparse.Namespace) -> str | None:
             log(f"cannot build the C reference: {result.stderr.strip()[:200]}")
             return None
     return binary
+
+
+class SquashFuse:
+    """squashfuse_ll (the low-level squashfuse, C) serving ``image`` in the foreground, its default options."""
+
+    def __init__(self, image: str, mountpoint: str) -> None:
+        self.mountpoint = mountpoint
+        os.makedirs(mountpoint, exist_ok=True)
+        self.process = subprocess.Popen(
+            ["squashfuse_ll", "-f", image, mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mountpoint):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("squashfuse_ll did not mount")
+            time.sleep(0.02)
+
+    def unmount(self) -> None:
+        subprocess.run(["fusermount3", "-u", self.mountpoint], check=True)
+        self.process.wait(timeout=20)
+
+
+def find_seconds(mountpoint: str) -> float:
+    """Wall time of `find MNT -type f | wc -l` (the figure of the issue)."""
+    started = time.perf_counter()
+    subprocess.run(f"find {mountpoint} -type f | wc -l", shell=True, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def find_others(args: argparse.Namespace, path: str, figures: dict[str, float], key: str) -> None:
+    """``find`` over the C reference serving the tree of stfs's mount of ``path`` (as ``key``), and over
+    squashfuse_ll serving a squashfs image of it (as ``key``_squashfuse), where they can run."""
+    binary = c_reference(args)
+    listing = tree_listing(path) if binary is not None or shutil.which("squashfuse_ll") else None
+    if binary is not None and listing is not None:
+        for plus in ["folders", *args.find_plus]:
+            server = CReference(binary, f"list:{listing}", 0, 0, os.path.join(args.data, "mnt-cref"), plus=plus)
+            try:
+                figures[key if plus == "folders" else f"{key}_plus_{plus}"] = find_seconds(server.mountpoint)
+            finally:
+                server.unmount()
+    image = squashfs_image(listing) if listing is not None and shutil.which("squashfuse_ll") else None
+    if image is not None:
+        squash = SquashFuse(image, os.path.join(args.data, "mnt-squashfuse"))
+        try:
+            figures[f"{key}_squashfuse"] = find_seconds(squash.mountpoint)
+        finally:
+            squash.unmount()
 
 
 @contextlib.contextmanager
@@ -682,23 +796,15 @@ def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
             entry["find_s"] = median(finds)
             entry["find_files"] = files
             entry["runs"]["find_s"] = finds
-            binary = c_reference(args)
-            if binary is not None:  # the C server over as many folders (one file each): find's floor here
-                folders = folder_count(count)
-                cref_finds = []
-                for _ in range(args.runs):
-                    server = CReference(binary, f"tree:{folders}", 0, 0, os.path.join(args.data, "mnt-cref"))
-                    try:
-                        started = time.perf_counter()
-                        subprocess.run(
-                            f"find {server.mountpoint} -type f | wc -l", shell=True, capture_output=True, check=True
-                        )
-                        cref_finds.append(time.perf_counter() - started)
-                    finally:
-                        server.unmount()
-                entry["c_reference_find_s"] = median(cref_finds)
-                entry["c_reference_find_folders"] = folders
-                entry["runs"]["c_reference_find_s"] = cref_finds
+            others: dict[str, list[float]] = {}
+            for _ in range(args.runs):  # the C server and squashfuse_ll over the same tree: find's floor here
+                figures: dict[str, float] = {}
+                find_others(args, source, figures, "c_reference_find_s")
+                for key, value in figures.items():
+                    others.setdefault(key, []).append(value)
+            for key, values in others.items():
+                entry[key] = median(values)
+                entry["runs"][key] = values
         entries[str(count)] = entry
         log(
             f"{count} tensors: mount {entry['mount_s']:.3f} s, safe_open keys {entry['safe_open_keys_s']:.3f} s "
@@ -950,11 +1056,14 @@ def table(results: dict[str, Any]) -> str:
                 "<= 3 s",
                 check(f"find_{count}_s", entry["find_s"]),
             )
-            if "c_reference_find_s" in entry:
-                add(
-                    f"  C reference find, {entry['c_reference_find_folders']:,} folders (s)",
-                    f"{entry['c_reference_find_s']:.2f}",
-                )
+            for key, label in (
+                ("c_reference_find_s", "C reference find, same tree (s)"),
+                ("c_reference_find_s_plus_all", "C reference find, READDIRPLUS for all (s)"),
+                ("c_reference_find_s_plus_none", "C reference find, no READDIRPLUS (s)"),
+                ("c_reference_find_s_squashfuse", "squashfuse_ll find, same tree (s)"),
+            ):
+                if key in entry:
+                    add(f"  {label}", f"{entry[key]:.2f}", f"stfs {entry['find_s'] / entry[key]:.2f}x")
     if "views" in results:
         views = results["views"]
         add("views: raw tensors/ dd (GB/s)", f"{views['raw_gb_per_s']:.2f}")
@@ -990,6 +1099,10 @@ def table(results: dict[str, Any]) -> str:
             versus += [f"C {cref[key]:.3g} ({value / cref[key]:.2f}x)"] if key in cref else []
             ratio = f"{value / baseline[key]:.2f}x baseline" if key in baseline else ""
             add(f"ab: {key}", f"{value:.3g} ({'; '.join(versus)})", ratio)
+        for key, value in cref.items():
+            if key.endswith("_squashfuse") and key[: -len("_squashfuse")] in this:
+                mine = this[key[: -len("_squashfuse")]]
+                add(f"ab: {key}", f"{value:.3g} (this {mine:.3g}: {mine / value:.2f}x)", "this <= 0.8x")
         for key in ("p50", "p99"):
             if f"{key}_1thread_us" in cref:
                 single = cref[f"{key}_1thread_us"]
@@ -1069,13 +1182,7 @@ def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 figures["first_gbs"] = size / dd_seconds(server.file) / 1e9
             finally:
                 server.unmount()
-            server = CReference(binary, f"tree:{folder_count(large)}", 0, 0, os.path.join(args.data, "mnt-cref"))
-            try:
-                started = time.perf_counter()
-                subprocess.run(f"find {server.mountpoint} -type f | wc -l", shell=True, check=True, capture_output=True)
-                figures[f"find_{large}_s"] = time.perf_counter() - started
-            finally:
-                server.unmount()
+            find_others(args, many[large], figures, f"find_{large}_s")
             runs["c_reference"].append(figures)
             log(f"ab run {run} C reference: " + ", ".join(f"{key} {value:.3g}" for key, value in figures.items()))
     medians = {
@@ -1127,6 +1234,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="ARG",
         help="extra stfs mount argument, e.g. --mount-arg=--threads",
+    )
+    parser.add_argument(
+        "--find-plus",
+        action="append",
+        default=[],
+        choices=["all", "none"],
+        help="find: also time the C reference with READDIRPLUS entries for every entry, or for none",
     )
     parser.add_argument("--baseline", metavar="CHECKOUT", help="the ab section: this stfs checkout against ours")
     parser.add_argument("--stfs", metavar="CHECKOUT", help="run the stfs of another checkout (default: this one)")

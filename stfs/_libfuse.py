@@ -33,7 +33,7 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # else mfusepy may load lib
 import mfusepy  # noqa: E402
 from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
 
-from .nodes import Decoded, DirNode, FileNode, Node, Range, clamp, pieces  # noqa: E402
+from .nodes import Decoded, DirNode, FileNode, Node, Range, ShardData, clamp, pieces  # noqa: E402
 from .sources import PAGE, ByteSource, SpliceSource  # noqa: E402
 from .stats import Stats, counted, from_environment  # noqa: E402
 from .tree import Tree  # noqa: E402
@@ -224,7 +224,7 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
     descriptor = getattr(source, "descriptor", None)  # local files: C reads them from its own duplicates
     try:
         keys, native_files, python_files = _native.build(
-            tree.root, DirNode, FileNode, Range, tree.inode_limit, descriptor is not None
+            tree.root, DirNode, FileNode, Range, tree.inode_limit, descriptor is not None, ShardData
         )
         budget = getattr(source, "max_open", 0) // 2  # the duplicates must not take the sources' room
         held_sources = 0

@@ -700,19 +700,22 @@ static int get_int64(PyObject *object, Py_ssize_t offset, PyObject *name, int64_
     return 0;
 }
 
-static PyObject *s_inode, *s_mtime_ns, *s_size, *s_children, *s_segments, *s_key, *s_offset;
+static PyObject *s_inode, *s_mtime_ns, *s_size, *s_children, *s_stored, *s_key, *s_offset, *s_start, *s_tensor,
+    *s_begin;
 
-/* build(root, dir_type, file_type, range_type, inodes, spliceable) -> ([source key, ...], C's files, Python's)
+/* build(root, dir_type, file_type, range_type, inodes, spliceable[, shard_type]) -> ([source key, ...], C's files,
+ * Python's)
  *
  * The tables for the tree under root (inodes: the highest inode + 1). A file of one segment of exactly
- * range_type, with spliceable true, is C's (its source gets an index, in the returned list's order); every
- * other file is Python's. */
+ * range_type, or given a shard_type (its tensor's Range made from it), with spliceable true, is C's (its source
+ * gets an index, in the returned list's order); every other file is Python's. */
 static PyObject *build(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *root, *dir_type, *file_type, *range_type;
+    PyObject *root, *dir_type, *file_type, *range_type, *shard_type = Py_None;
     unsigned long long inodes;
     int spliceable;
-    if (!PyArg_ParseTuple(args, "OOOOKp", &root, &dir_type, &file_type, &range_type, &inodes, &spliceable))
+    if (!PyArg_ParseTuple(args, "OOOOKp|O", &root, &dir_type, &file_type, &range_type, &inodes, &spliceable,
+                          &shard_type))
         return NULL;
     if (g.installed) {
         PyErr_SetString(PyExc_RuntimeError, "the tables are in use by a session");
@@ -723,8 +726,8 @@ static PyObject *build(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "inode count out of range");
         return NULL;
     }
-    PyObject *keys = PyList_New(0), *key_index = PyDict_New(), *queue = PyList_New(0);
-    if (!keys || !key_index || !queue) goto fail;
+    PyObject *keys = PyList_New(0), *key_index = PyDict_New(), *queue = PyList_New(0), *name_offsets = PyDict_New();
+    if (!keys || !key_index || !queue || !name_offsets) goto fail;
     g.node_count = (uint32_t)inodes;
     g.nodes = calloc(inodes, sizeof *g.nodes);
     g.children = calloc(inodes, sizeof *g.children);
@@ -740,8 +743,10 @@ static PyObject *build(PyObject *self, PyObject *args) {
     Py_ssize_t dir_inode = slot_offset(dir_type, s_inode), dir_mtime = slot_offset(dir_type, s_mtime_ns),
                dir_children = slot_offset(dir_type, s_children), file_inode = slot_offset(file_type, s_inode),
                file_mtime = slot_offset(file_type, s_mtime_ns), file_size = slot_offset(file_type, s_size),
-               file_segments = slot_offset(file_type, s_segments), range_key = slot_offset(range_type, s_key),
-               range_offset = slot_offset(range_type, s_offset);
+               file_stored = slot_offset(file_type, s_stored), file_tensor = slot_offset(file_type, s_tensor),
+               range_key = slot_offset(range_type, s_key), range_offset = slot_offset(range_type, s_offset),
+               shard_key = shard_type == Py_None ? -1 : slot_offset(shard_type, s_key),
+               shard_start = shard_type == Py_None ? -1 : slot_offset(shard_type, s_start), tensor_begin = -2;
     if ((PyObject *)Py_TYPE(root) != dir_type) {
         PyErr_SetString(PyExc_TypeError, "the root is not a folder");
         goto fail;
@@ -815,15 +820,29 @@ static PyObject *build(PyObject *self, PyObject *args) {
                 len = PyBytes_GET_SIZE(encoded);
             }
             if (bytes && len > 0 && len <= 255 && !memchr(bytes, '/', (size_t)len) && !memchr(bytes, '\0', (size_t)len)) {
-                node->name = (uint32_t)g.names_len;
                 node->name_len = (uint8_t)len;
-                if (g.names_len + (size_t)len + 1 > UINT32_MAX || add_name(bytes, (size_t)len) < 0) {
-                    Py_XDECREF(encoded);
-                    Py_DECREF(entries);
-                    PyErr_NoMemory();
-                    goto fail;
+                /* each name once: "weight" or "12" stand in many folders (one interned str) */
+                PyObject *known = PyDict_GetItemWithError(name_offsets, name);
+                if (known) {
+                    node->name = (uint32_t)PyLong_AsUnsignedLong(known);
+                } else {
+                    PyObject *offset = PyErr_Occurred() ? NULL : PyLong_FromSize_t(g.names_len);
+                    if (!offset || PyDict_SetItem(name_offsets, name, offset) < 0) {
+                        Py_XDECREF(offset);
+                        Py_XDECREF(encoded);
+                        Py_DECREF(entries);
+                        goto fail;
+                    }
+                    Py_DECREF(offset);
+                    node->name = (uint32_t)g.names_len;
+                    if (g.names_len + (size_t)len + 1 > UINT32_MAX || add_name(bytes, (size_t)len) < 0) {
+                        Py_XDECREF(encoded);
+                        Py_DECREF(entries);
+                        PyErr_NoMemory();
+                        goto fail;
+                    }
+                    g.names_len += (size_t)len + 1;
                 }
-                g.names_len += (size_t)len + 1;
                 uint32_t slot = hash_name((uint32_t)folder_inode, bytes, (size_t)len) & g.slot_mask;
                 while (g.slots[slot]) slot = (slot + 1) & g.slot_mask;
                 g.slots[slot] = (uint32_t)inode;
@@ -849,18 +868,34 @@ static PyObject *build(PyObject *self, PyObject *args) {
             }
             node->size = (uint64_t)size;
             node->kind = FILE_PYTHON;
-            PyObject *segments = get(entry, file_segments, s_segments);
+            /* the one Range of a local source C reads: a tensor's file given its shard's data (its Range made
+             * from the shard's start and its tensor's begin, as its segments property does), or a file of one
+             * Range segment */
+            PyObject *segments = get(entry, file_stored, s_stored);
             if (!segments) {
                 Py_DECREF(entries);
                 goto fail;
             }
-            if (spliceable && PyTuple_Check(segments) && PyTuple_GET_SIZE(segments) == 1 &&
-                (PyObject *)Py_TYPE(PyTuple_GET_ITEM(segments, 0)) == range_type) {
+            PyObject *key = NULL;
+            int64_t offset = -1;
+            int candidate = 0;
+            if (spliceable && shard_type != Py_None && (PyObject *)Py_TYPE(segments) == shard_type) {
+                int64_t start, begin;
+                PyObject *tensor = get(entry, file_tensor, s_tensor);
+                if (tensor != NULL && tensor_begin == -2) tensor_begin = slot_offset((PyObject *)Py_TYPE(tensor), s_begin);
+                candidate = tensor != NULL && get_int64(segments, shard_start, s_start, &start) == 0 &&
+                            get_int64(tensor, tensor_begin, s_begin, &begin) == 0 &&
+                            (key = get(segments, shard_key, s_key)) != NULL;
+                if (candidate) offset = start + begin;
+                Py_XDECREF(tensor);
+            } else if (spliceable && PyTuple_Check(segments) && PyTuple_GET_SIZE(segments) == 1 &&
+                       (PyObject *)Py_TYPE(PyTuple_GET_ITEM(segments, 0)) == range_type) {
                 PyObject *segment = PyTuple_GET_ITEM(segments, 0);
-                PyObject *key = get(segment, range_key, s_key);
-                int64_t offset;
-                int ok = key != NULL && PyUnicode_Check(key) && get_int64(segment, range_offset, s_offset, &offset) == 0 &&
-                         offset >= 0;
+                candidate = (key = get(segment, range_key, s_key)) != NULL &&
+                            get_int64(segment, range_offset, s_offset, &offset) == 0;
+            }
+            if (candidate) {
+                int ok = PyUnicode_Check(key) && offset >= 0;
                 if (ok) {
                     PyObject *known = PyDict_GetItemWithError(key_index, key);
                     if (known) {
@@ -878,12 +913,12 @@ static PyObject *build(PyObject *self, PyObject *args) {
                     node->offset = (uint64_t)offset;
                     node->kind = FILE_NATIVE;
                 }
-                Py_XDECREF(key);
-                if (!ok && PyErr_Occurred()) {
-                    Py_DECREF(segments);
-                    Py_DECREF(entries);
-                    goto fail;
-                }
+            }
+            Py_XDECREF(key);
+            if (PyErr_Occurred()) {
+                Py_DECREF(segments);
+                Py_DECREF(entries);
+                goto fail;
             }
             Py_DECREF(segments);
             if (node->kind == FILE_NATIVE)
@@ -905,11 +940,13 @@ static PyObject *build(PyObject *self, PyObject *args) {
     }
     Py_DECREF(key_index);
     Py_DECREF(queue);
+    Py_DECREF(name_offsets);
     return Py_BuildValue("(NKK)", keys, native_files, python_files);
 fail:
     Py_XDECREF(keys);
     Py_XDECREF(key_index);
     Py_XDECREF(queue);
+    Py_XDECREF(name_offsets);
     release_tables();
     return NULL;
 }
@@ -1068,7 +1105,8 @@ static PyObject *layout(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
-    {"build", build, METH_VARARGS, "build(root, dir_type, file_type, range_type, inodes, spliceable) -> source keys"},
+    {"build", build, METH_VARARGS,
+     "build(root, dir_type, file_type, range_type, inodes, spliceable[, shard_type]) -> source keys"},
     {"set_source", set_source, METH_VARARGS, "set_source(index, fd, size, mtime_ns): C reads it from a dup of fd"},
     {"configure", configure, METH_VARARGS, "configure(uid, gid, drop_lag, statfs, stats)"},
     {"install", install, METH_VARARGS, "install(address, size): C callbacks into a struct fuse_operations"},
@@ -1089,7 +1127,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void) {
 #define INTERN(name)                                                                                                \
     if (!(s_##name = PyUnicode_InternFromString(#name))) return NULL;
-    INTERN(inode) INTERN(mtime_ns) INTERN(size) INTERN(children) INTERN(segments) INTERN(key) INTERN(offset)
+    INTERN(inode) INTERN(mtime_ns) INTERN(size) INTERN(children) INTERN(stored) INTERN(key) INTERN(offset) INTERN(start)
+        INTERN(tensor) INTERN(begin)
 #undef INTERN
     return PyModule_Create(&module);
 }

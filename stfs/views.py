@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from .errors import TreeError
 from .format import DTYPE_BITS, TensorEntry
 from .model import Model, SourceFile
-from .nodes import Decoded, FileNode, Range, Segment, Summary
+from .nodes import Decoded, FileNode, Range, Segment, ShardData, Summary
 from .tree import Tree, escape_component
 
 if TYPE_CHECKING:
@@ -83,23 +83,17 @@ def shard_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
 
 
 def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
-    """``tensors/``: each tensor's bytes, a ``Range`` of its shard, at the path of its name."""
+    """``tensors/``: each tensor's bytes, a ``Range`` of its shard (made from the shard's ``ShardData``), at the
+    path of its name."""
 
     files: list[FileNode] = []
     for shard in model.shards:
         header = shard.header
-        key, start, mtime = header.path, header.data_start, header.mtime_ns
+        data, mtime = ShardData(header.path, header.data_start), header.mtime_ns
         inodes = tree.take_inodes(len(header.tensors))
         # the hot loop of a mount (one node per tensor): no calls it can avoid
         files += [
-            FileNode(
-                inode,
-                mtime,
-                (Range(key, start + entry.begin, entry.end - entry.begin),),
-                entry,
-                None,
-                entry.end - entry.begin,
-            )
+            FileNode(inode, mtime, data, entry, None, entry.end - entry.begin)
             for inode, entry in zip(inodes, header.tensors, strict=True)
         ]
     tree.add_named_files(tree.folder([*base, "tensors"], model.mtime_ns), layout, files)

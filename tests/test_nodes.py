@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from stfs.daemon import unmount
-from stfs.nodes import FileNode, Range, clamp, pieces, read_into
+from stfs.format import TensorEntry
+from stfs.nodes import FileNode, Range, ShardData, clamp, pieces, read_into
 from stfs.sources import LocalFiles
 from tests.helpers import run
 
@@ -50,6 +51,20 @@ def test_pieces_cover_a_read_exactly(source: str) -> None:
     assert pieces(node, 4990, 20) == [(segments[0], 4990, 10), (segments[1], 0, 10)]
     assert pieces(node, 305_002, 10) == [(segments[2], 2, 1), (segments[3], 0, 9)]
     assert clamp(node, node.size - 2, 10) == 2 and clamp(node, node.size + 5, 10) == 0
+
+
+def test_a_tensor_file_makes_its_range_from_its_shard(source: str) -> None:
+    data = Path(source).read_bytes()
+    shard = ShardData(source, 1000)
+    tensor = TensorEntry("a.b", "U8", (5000,), 20_000, 25_000)
+    node = FileNode(7, 0, shard, tensor, None, tensor.end - tensor.begin)
+    (segment,) = node.segments
+    assert type(segment) is Range and (segment.key, segment.offset, segment.size) == (source, 21_000, 5000)
+    view = memoryview(bytearray(6000))
+    assert read_into(node, 100, view, LocalFiles().read_into) == 4900
+    assert bytes(view[:4900]) == data[21_100:26_000]
+    with pytest.raises(AssertionError):
+        FileNode(8, 0, shard, tensor)  # a file of a shard's data is given its size
 
 
 def test_read_into_matches_the_bytes_anywhere(source: str) -> None:
