@@ -35,6 +35,11 @@ def require_native(require_fuse: None) -> None:
         pytest.skip("stfs._native is not built here (python3 setup.py build_ext --inplace)")
 
 
+def native_environment() -> dict[str, str]:
+    """This process's environment without STFS_NATIVE (a run of the whole suite with STFS_NATIVE=0 sets it)."""
+    return {name: value for name, value in os.environ.items() if name != "STFS_NATIVE"}
+
+
 def model(folder: Path) -> str:
     """Tensors of many sizes (empty, under a page, unaligned, several MiB) and names the tree must escape."""
     rng = np.random.default_rng(7)
@@ -140,7 +145,7 @@ def unmount(mnt: Path, env: dict[str, str] | None = None) -> None:
 def test_the_c_path_serves_and_is_counted(tmp_path: Path, require_native: None) -> None:
     source = model(tmp_path)
     mnt, log_file, stats = tmp_path / "mnt", tmp_path / "log", tmp_path / "stats.json"
-    background(source, mnt, log_file, env=dict(os.environ, STFS_STATS=str(stats)))
+    background(source, mnt, log_file, env=dict(native_environment(), STFS_STATS=str(stats)))
     try:
         data = read_cold(tensor_path(str(mnt), "layers.0.big"))
         assert len(data) == 3 << 20
@@ -182,7 +187,7 @@ def test_an_install_without_the_extension_serves_from_python(tmp_path: Path, req
     # -S: site-packages by path, without its .pth files: an editable install of the checkout (CI's) puts a finder
     # there that would find the checkout's extension for the copied package too
     site_packages = sysconfig.get_paths()["purelib"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(package), site_packages]))
+    env = dict(native_environment(), PYTHONPATH=os.pathsep.join([str(package), site_packages]))
     python = [sys.executable, "-S"]
     probe = run(
         [*python, "-c", "import stfs, importlib.util as u; print(u.find_spec('stfs._native'))"],
