@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-DEFAULT_BLOCK_SIZE = 4 * MIB
+DEFAULT_BLOCK_SIZE = 8 * MIB
 FIRST_READ = 100_000  # the Hub's own metadata reader asks for this much: most headers fit
 FORWARD_SLACK = 16 * MIB  # the kernel's readahead may skip ahead this far and still be one sequential reader
 BACKWARD_SLACK = 1 * MIB
