@@ -1197,8 +1197,12 @@ def bench_remote(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """scripts/bench_remote.py (its servers are the tests' own, tests/servers.py)."""
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
+    from scripts import bench as imported
     from scripts import bench_remote
 
+    # Run as a script this module is __main__; bench_remote imports it again as scripts.bench: --stfs goes there too
+    imported.STFS_REPO[:] = STFS_REPO
+    imported.MOUNT_ARGS[:] = MOUNT_ARGS
     bench_remote.bench_remote(args, results)
 
 

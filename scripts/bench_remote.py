@@ -43,6 +43,7 @@ if REPO not in sys.path:
 
 from scripts.bench import (  # noqa: E402
     MIB,
+    STFS_REPO,
     dd_seconds,
     environment,
     log,
@@ -123,7 +124,11 @@ class StfsMount:
         os.makedirs(mountpoint, exist_ok=True)
         started = time.perf_counter()
         result = subprocess.run(
-            stfs_command("mount", url, mountpoint, *(extra or [])), capture_output=True, text=True, env=environment()
+            stfs_command("mount", url, mountpoint, *(extra or [])),
+            capture_output=True,
+            text=True,
+            env=environment(),
+            cwd=STFS_REPO[0],  # python -m puts the working directory first: the checkout --stfs names, not ours
         )
         self.seconds = time.perf_counter() - started
         if result.returncode != 0 or not os.path.ismount(mountpoint):

@@ -151,12 +151,12 @@ def test_two_daemons_sharing_a_small_cache_dir(nginx: Nginx, mount: MountFn, tmp
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 6 MiB tmpfs: a disk that fills up (needs root, as mounting tmpfs does)."""
+    """A 12 MiB tmpfs: a disk that holds one 8 MiB block and fills up (needs root, as mounting tmpfs does)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     folder = tmp_path / "small"
     folder.mkdir()
-    result = run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(folder)])
+    result = run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(folder)])
     if result.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
     try:

@@ -82,3 +82,24 @@ def test_a_cache_dir_serves_other_mounts_without_the_server(nginx: Nginx, mount:
     assert _read_all(fourth, names) == {name: tensor_bytes(str(newer), name) for name in names}
     assert sum(entry.body_bytes for entry in nginx.log.entries()) >= 4 * (3 * MIB + 999)
     assert os.path.ismount(first)
+
+
+def _shmem(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as stream:
+        return next(int(line.split()[1]) * 1024 for line in stream if line.startswith("RssShmem:"))
+
+
+@pytest.mark.parametrize(("cache_size", "pool"), [("64M", 20 * 2 * MIB), ("4M", 12 * 256 * 1024)])
+def test_a_mount_faults_in_a_bounded_pool_of_slots_before_any_read(
+    cache_size: str, pool: int, nginx: Nginx, mount: MountFn, tmp_path: Path
+) -> None:
+    # 64M: 2 MiB slots, a window of 8, twice the window and 4 more faulted in; 4M: 256 KiB slots, a window of 4
+    local = big_model(tmp_path / "m.safetensors", 3, 3 * MIB + 999)
+    mnt = mount(nginx.put("m.safetensors", local.read_bytes()), options=[f"cache_size={cache_size}"])
+    pid = daemon_pid(mnt)
+    assert pid
+    nginx.log.clear()
+    wait_until(lambda: _shmem(pid) >= pool, 10, "the pool of slots faulted in")
+    assert _shmem(pid) == pool  # a bounded pool, inside a small --cache-size too
+    assert nginx.log.entries() == []  # faulted in, not fetched
+    assert read_cold(tensor_path(mnt, "layers.1.weight")) == tensor_bytes(str(local), "layers.1.weight")

@@ -12,9 +12,12 @@ message this module makes.
 from __future__ import annotations
 
 import http.client
+import socket
 import ssl
 import threading
 import urllib.parse
+
+LOW_WATER = 1 << 20  # SO_RCVLOWAT while a large body is read: a wake-up (and a GIL hand-off) per MiB, not per packet
 
 
 class StatusError(OSError):
@@ -67,6 +70,8 @@ class HttpClient:
                 connection.close()
                 raise OSError(f"asked for bytes {lo}-{hi}, the server sent {content_range or 'no Content-Range'}")
             done = 0
+            if not self.https and len(into) > 2 * LOW_WATER:
+                done = _read_batched(response, connection, into)
             while done < len(into):
                 got = response.readinto(into[done:])
                 if not got:
@@ -94,6 +99,23 @@ class HttpClient:
     def _keep(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
             self._idle.append(connection)
+
+
+def _read_batched(response: http.client.HTTPResponse, connection: http.client.HTTPConnection, into: memoryview) -> int:
+    """Read all but the last ``LOW_WATER`` bytes of the body into ``into`` with the socket's low-water mark at
+    ``LOW_WATER`` (each wake-up brings at least that much); the count read. The mark is back at 1 byte before the
+    tail: more than the mark is still to come from the socket throughout, so no read waits for bytes never sent.
+    Plain HTTP only: TLS takes bytes off the socket ahead of what it hands over."""
+    sock = connection.sock
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, LOW_WATER)
+    done = 0
+    while done < len(into) - LOW_WATER:
+        got = response.readinto(into[done : len(into) - LOW_WATER])
+        if not got:
+            raise OSError(f"the connection closed after {done} of {len(into)} bytes")  # the caller closes it
+        done += got
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    return done
 
 
 def _status_error(response: http.client.HTTPResponse, path: str, lo: int, hi: int) -> StatusError:

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-DEFAULT_BLOCK_SIZE = 4 * MIB
+DEFAULT_BLOCK_SIZE = 8 * MIB
 FIRST_READ = 100_000  # the Hub's own metadata reader asks for this much: most headers fit
 FORWARD_SLACK = 16 * MIB  # the kernel's readahead may skip ahead this far and still be one sequential reader
 BACKWARD_SLACK = 1 * MIB
@@ -61,6 +61,7 @@ FIRST_WINDOW = 2  # blocks fetched ahead of a reader that has just shown it is s
 MAX_WINDOW_BYTES = 32 * MIB  # fetched ahead at most (into the cache's slots)
 JUMP_PROOF = 16 * MIB  # read on from a jump before it counts as sequential (a 4 MiB tensor through mmap never does)
 HEADER_PROOF = 2 * MIB  # the same from a header (the first read's bytes): dd of files/ is sequential from there
+PREFAULT_EXTRA = 4  # slots faulted in at mount: twice the window and these (a reader's own, lent to pipes...)
 MAX_STREAMS = 8  # readers followed per file
 WORKERS = 16
 
@@ -172,6 +173,8 @@ class RemoteFiles:
     ``ranges_required``: a server that ignores Range (answers 200 with the whole object) is refused with
     ``RangeIgnored`` (a mount, whose every read would stream the object from its start); without it (``stfs info``,
     ``stfs check``) the bytes needed are streamed from the start of the body and the connection dropped after them.
+    ``prefault`` (a mount): the block cache is made at once and the slots a sequential reader cycles through are
+    faulted in, in the background (``SlotCache.populate``), so its first reads pay no fresh pages.
     """
 
     first_read = FIRST_READ
@@ -185,6 +188,7 @@ class RemoteFiles:
         block_size: int = DEFAULT_BLOCK_SIZE,
         disk_cache: DiskCache | None = None,
         ranges_required: bool = False,
+        prefault: bool = False,
     ) -> None:
         self.transport = transport
         self.timeout = timeout
@@ -209,6 +213,8 @@ class RemoteFiles:
         self.requests = 0
         self.bytes_fetched = 0
         self.ignores_range = False
+        if prefault:  # a mount: the slots a sequential reader cycles through, faulted in while the header is read
+            threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
 
     # -- the ByteSource interface ------------------------------------------------------------------------------
 
@@ -701,6 +707,9 @@ class RemoteFiles:
                 for slot, owner in lent:
                     cache.give_back(slot, owner)
                 lent.clear()
+
+    def _prefault(self) -> None:
+        self._block_cache().populate(self.max_window * 2 + PREFAULT_EXTRA)
 
     def _block_cache(self) -> SlotCache:
         if self._cache is None:

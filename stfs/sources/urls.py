@@ -276,7 +276,12 @@ def open_remote(
         # the key is the URL without its query (a presigned URL's signature: a secret, sent with every request)
         transport, key = HttpTransport(base, headers, timeout, parts.query), base + (parts.path or "/")
     source = RemoteFiles(
-        transport, cache_size=cache_size, timeout=timeout, disk_cache=disk, ranges_required=ranges_required
+        transport,
+        cache_size=cache_size,
+        timeout=timeout,
+        disk_cache=disk,
+        ranges_required=ranges_required,
+        prefault=ranges_required,  # a mount
     )
     return source, key
 
