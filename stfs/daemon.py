@@ -141,9 +141,8 @@ def _serve(plan: MountPlan, then: Callable[[], None], debug: bool = False) -> No
     from .fs import StfsOperations
 
     options = dict(plan.options)
-    # The largest read request whose reply can be spliced here; the kernel asks for no more than max_read. A source
-    # may ask for less: for a remote one the kernel's readahead, which follows max_read, is bytes fetched.
-    options.setdefault("max_read", getattr(plan.files, "max_read", None) or request_size())
+    # The largest read request whose reply can be spliced here; the kernel asks for no more than max_read.
+    options.setdefault("max_read", request_size())
     readahead_kb = max(128, int(options["max_read"]) // 1024)  # type: ignore[call-overload]
     operations = StfsOperations(
         plan.tree, plan.files, on_ready=lambda: _after_init(plan.mountpoint, readahead_kb, then)

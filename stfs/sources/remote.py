@@ -180,10 +180,6 @@ class RemoteFiles:
 
     first_read = FIRST_READ
     concurrency = WORKERS  # headers of many shards are read in parallel
-    # The kernel's read requests, and so its readahead and the read-around of an mmap's faults, at most: what it
-    # reads around a jump (safe_open's mmap of one tensor) is fetched. At 1 MiB one 4 MiB tensor through files/
-    # fetched 1.72x; at 128 KiB 1.06x, and reads answered in C keep sequential readers near network speed.
-    max_read = 128 * 1024
 
     def __init__(
         self,
