@@ -5,7 +5,8 @@ Nothing here knows what a tensor is, and nothing here packs a C structure: mfuse
 where it is built, ``stfs._native`` (stfs/_native.c) answers the requests that carry the load in C, before
 them: C functions installed in the operations table (``native_start``) answer getattr, readdir, open/release,
 statfs, and ``read_buf`` of files that are one ``Range`` of a local source, from tables built once at mount
-(opendir, releasedir and flush have no Python callback: libfuse answers them itself).
+(opendir, releasedir and flush have no Python callback: libfuse answers them itself); of a remote source, reads
+of bytes its block cache holds and has published to C (``Published``), spliced from the cache's memfd.
 
 A read C does not answer (a remote source, ``Decoded`` pieces, bytes held in memory, a ``Summary``, a source
 whose descriptor C does not hold, any failure) comes back to ``Reader``, which says what the reply holds, in
@@ -222,10 +223,19 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
         return None
     tree, source = operations.tree, operations.source
     descriptor = getattr(source, "descriptor", None)  # local files: C reads them from its own duplicates
+    share_blocks = getattr(source, "share_blocks", None)  # remote files: C reads what their block cache holds
     try:
         keys, native_files, python_files = _native.build(
-            tree.root, DirNode, FileNode, Range, tree.inode_limit, descriptor is not None, ShardData
+            tree.root,
+            DirNode,
+            FileNode,
+            Range,
+            tree.inode_limit,
+            descriptor is not None or share_blocks is not None,
+            ShardData,
         )
+        if share_blocks is not None:
+            _native.share_blocks(*share_blocks(Published(keys)))
         budget = getattr(source, "max_open", 0) // 2  # the duplicates must not take the sources' room
         held_sources = 0
         for index, key in enumerate(keys if len(keys) <= budget else []):
@@ -250,11 +260,32 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
     log.info(
         "requests answered in C: metadata, and reads of %d files from %d of %d sources (%d files read by Python)",
         native_files,
-        held_sources,
+        len(keys) if share_blocks is not None else held_sources,
         len(keys),
         python_files,
     )
     return _native
+
+
+class Published:
+    """What a remote source publishes of its block cache, passed on to stfs._native (``sources.SharedBlocks``);
+    sources are numbered as ``_native.build`` listed them. After the session every call does nothing."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self._index = {key: index for index, key in enumerate(keys)}
+
+    def publish(self, slot: int, key: str, block: int, lo: int, hi: int) -> None:
+        index = self._index.get(key)
+        if index is not None:  # else no file C reads is of it (a header, config.json read by Python)
+            _native.publish(slot, index, block, lo, hi)
+
+    def withdraw(self, slot: int) -> bool:
+        return bool(_native.withdraw(slot))
+
+    def changed(self, key: str) -> None:
+        index = self._index.get(key)
+        if index is not None:
+            _native.changed(index)
 
 
 def request_size() -> int:

@@ -64,13 +64,25 @@ typedef struct {
 } run_t;
 
 typedef struct {
-    int fd; /* our dup of the descriptor the source holds; -1: Python reads it */
+    int fd; /* our dup of the descriptor the source holds; -1: Python reads it (or, remote, the block cache) */
     int changed;
     int64_t size, mtime_ns;
     pthread_mutex_t lock;
     int nruns;
     run_t runs[MAX_RUNS + 1];
+    uint64_t extent;  /* the end of the last byte C's files read of it */
+    uint32_t *blocks; /* remote: block -> its published slot + 1, 0 none ("remote blocks" below) */
+    uint64_t block_count;
 } source_t;
+
+/* A slot of the remote block cache as C may read it: published bytes, and the replies that use them. */
+typedef struct {
+    uint64_t range; /* published bytes: offsets in the block, (lo << 32) | hi, one atomic word */
+    uint64_t owner; /* (source << 32) | block it is published for; NO_OWNER none */
+    int pins;       /* replies of C's using its pages (until their thread's next read) */
+} remote_slot_t;
+#define NO_OWNER UINT64_MAX
+#define MAX_PINS 8
 
 typedef struct {
     int (*getattr)(const char *, struct stat *, struct fuse_file_info *);
@@ -85,9 +97,21 @@ typedef struct {
 } python_ops_t;
 
 /* calls counted when stats are on, by the names stfs.stats uses for the Python callbacks */
-enum { C_GETATTR, C_READDIR, C_OPENDIR, C_RELEASEDIR, C_OPEN, C_FLUSH, C_RELEASE, C_STATFS, C_READ_BUF, C_COUNT };
+enum {
+    C_GETATTR,
+    C_READDIR,
+    C_OPENDIR,
+    C_RELEASEDIR,
+    C_OPEN,
+    C_FLUSH,
+    C_RELEASE,
+    C_STATFS,
+    C_READ_BUF,
+    C_READ_CACHED,
+    C_COUNT
+};
 static const char *call_names[C_COUNT] = {"getattr_fuse_3", "readdir_fuse_3", "opendir", "releasedir", "open",
-                                          "flush", "release", "statfs", "read_buf"};
+                                          "flush", "release", "statfs", "read_buf", "read_buf_cached"};
 #define SIZE_SLOTS 256
 
 static struct {
@@ -111,7 +135,11 @@ static struct {
     uint64_t read_bytes;
     pthread_mutex_t size_lock;
     uint64_t sizes[SIZE_SLOTS][2]; /* (requested size + 1, count) */
-} g = {.size_lock = PTHREAD_MUTEX_INITIALIZER};
+    int cache_fd;                  /* remote: our dup of the block cache's memfd, -1 none */
+    uint64_t slot_size;
+    uint32_t remote_slot_count;
+    remote_slot_t *remote_slots;
+} g = {.size_lock = PTHREAD_MUTEX_INITIALIZER, .cache_fd = -1};
 
 static void count(int call) {
     if (g.stats) __atomic_fetch_add(&g.calls[call], 1, __ATOMIC_RELAXED);
@@ -293,13 +321,18 @@ static int n_statfs(const char *path, struct statvfs *out) {
 typedef struct {
     int read_fd, write_fd;
     size_t limit;
+    int pinned_count;
+    uint32_t pinned[MAX_PINS]; /* remote slots whose pages the last reply spliced from */
 } pipe_t;
 
 static pthread_key_t pipe_key;
 static pthread_once_t pipe_once = PTHREAD_ONCE_INIT;
 
+static void unpin(pipe_t *pipe);
+
 static void pipe_free(void *value) {
     pipe_t *pipe = value;
+    unpin(pipe);
     close(pipe->read_fd);
     close(pipe->write_fd);
     free(pipe);
@@ -335,6 +368,7 @@ static pipe_t *thread_pipe(void) {
     }
     pipe->read_fd = fds[0];
     pipe->write_fd = fds[1];
+    pipe->pinned_count = 0;
     /* splice takes a slot per page touched; libfuse's own pipe needs three pages and the header more */
     pipe->limit = capacity > 4 * PAGE ? (size_t)capacity - 4 * PAGE : 0;
     pthread_setspecific(pipe_key, pipe);
@@ -554,18 +588,103 @@ static PyObject *lend(PyObject *self, PyObject *buffer) {
     return PyLong_FromSsize_t(moved);
 }
 
+/* -- remote blocks ------------------------------------------------------------------------------------ *
+ * A remote source's fetched blocks sit in the slots of one memfd (stfs/sources/block_cache.py). Python
+ * publishes a slot's filled bytes for its block once it has answered a read there itself, so its readahead
+ * still sees the first read of every block (and of every tensor: what it publishes is clipped to the span it
+ * read); C answers the reads inside published bytes by splicing from the memfd, as from a local file. Python
+ * withdraws a slot before it reuses it, and reuses it only when no reply of C's pins it: a reply pins the slots
+ * it spliced from until its thread's next read (libfuse has sent a thread's reply before it takes the thread's
+ * next request; a pipe still holding pages then is emptied first). A reader pins, then looks again that the
+ * block is still published there (Python withdraws, then looks at the pins: sequentially consistent, one of the
+ * two sees the other). Bytes of a slot, once published, never change until it is withdrawn. */
+
+static void unpin(pipe_t *pipe) {
+    if (pipe->pinned_count == 0) return;
+    if (!pipe_empty(pipe)) pipe_drain(pipe); /* a reply libfuse gave up on still holds the pages */
+    for (int i = 0; i < pipe->pinned_count; i++)
+        __atomic_fetch_sub(&g.remote_slots[pipe->pinned[i]].pins, 1, __ATOMIC_SEQ_CST);
+    pipe->pinned_count = 0;
+}
+
+/* The published slot holding byte position of source, pinned for this thread's reply, and the bytes published
+ * there from position on (0: none; the caller unpins). */
+static uint64_t pin_published(pipe_t *pipe, source_t *source, uint64_t position, loff_t *from) {
+    uint64_t block = position / g.slot_size;
+    if (block >= source->block_count || pipe->pinned_count == MAX_PINS) return 0;
+    uint32_t entry = __atomic_load_n(&source->blocks[block], __ATOMIC_ACQUIRE);
+    if (entry == 0 || entry > g.remote_slot_count) return 0;
+    remote_slot_t *slot = &g.remote_slots[entry - 1];
+    __atomic_fetch_add(&slot->pins, 1, __ATOMIC_SEQ_CST);
+    pipe->pinned[pipe->pinned_count++] = entry - 1;
+    if (__atomic_load_n(&source->blocks[block], __ATOMIC_SEQ_CST) != entry) return 0; /* withdrawn meanwhile */
+    uint64_t range = __atomic_load_n(&slot->range, __ATOMIC_ACQUIRE);
+    uint64_t base = block * g.slot_size, lo = base + (range >> 32), hi = base + (range & 0xffffffffu);
+    if (position < lo || position >= hi) return 0;
+    *from = (loff_t)((uint64_t)(entry - 1) * g.slot_size + (position - base));
+    return hi - position;
+}
+
+/* A read of a remote file answered from published slots: 0 with the reply in *bufp, 1 where Python answers. */
+static int remote_read(source_t *source, uint64_t position, size_t count, size_t size, struct fuse_bufvec **bufp) {
+    pipe_t *pipe = thread_pipe();
+    if (pipe == NULL || count > pipe->limit) return 1;
+    if (!pipe_empty(pipe)) pipe_drain(pipe);
+    char *memory = count < SPLICE_MIN ? malloc(count) : NULL; /* libfuse copies replies this small anyway */
+    if (count < SPLICE_MIN && memory == NULL) return 1;
+    size_t done = 0;
+    while (done < count) {
+        loff_t from;
+        uint64_t available = pin_published(pipe, source, position + done, &from);
+        if (available == 0) break;
+        size_t want = count - done < available ? count - done : (size_t)available, moved = 0;
+        while (moved < want) {
+            ssize_t got = memory ? pread(g.cache_fd, memory + done + moved, want - moved, from + (off_t)moved)
+                                 : splice(g.cache_fd, &(loff_t){from + (loff_t)moved}, pipe->write_fd, NULL,
+                                          want - moved, 0);
+            if (got > 0)
+                moved += (size_t)got;
+            else if (!(got < 0 && errno == EINTR))
+                break;
+        }
+        done += moved;
+        if (moved < want) break;
+    }
+    if (done < count) {
+        free(memory);
+        unpin(pipe);
+        return 1;
+    }
+    count_read(size, count);
+    if (g.stats) __atomic_fetch_add(&g.calls[C_READ_CACHED], 1, __ATOMIC_RELAXED); /* of those: from the cache */
+    if (memory) {
+        unpin(pipe); /* copied: nothing of the slot's is in the reply */
+        return reply(bufp, count, memory, -1);
+    }
+    return reply(bufp, count, NULL, pipe->read_fd);
+}
+
 static int n_read_buf(const char *path, struct fuse_bufvec **bufp, size_t size, off_t offset,
                       struct fuse_file_info *fi) {
     uint64_t index = fi != NULL ? fi->fh : 0;
     const node_t *node = index > 0 && index < g.node_count ? &g.nodes[index] : NULL;
     source_t *source = node != NULL && node->kind == FILE_NATIVE ? &g.sources[node->source] : NULL;
-    if (source == NULL || source->fd < 0 || __atomic_load_n(&source->changed, __ATOMIC_RELAXED) || offset < 0)
-        goto python;
+    if (g.remote_slots != NULL) { /* the last reply of this thread's has been sent: its pages are free */
+        pthread_once(&pipe_once, pipe_key_make);
+        pipe_t *own = pthread_getspecific(pipe_key);
+        if (own != NULL) unpin(own);
+    }
+    if (source == NULL || __atomic_load_n(&source->changed, __ATOMIC_RELAXED) || offset < 0) goto python;
+    if (source->fd < 0 && source->blocks == NULL) goto python;
     size_t count = (uint64_t)offset >= node->size ? 0 : node->size - (uint64_t)offset;
     if (count > size) count = size;
     if (count == 0) {
         count_read(size, 0);
         return reply(bufp, 0, NULL, -1);
+    }
+    if (source->blocks != NULL) {
+        if (remote_read(source, node->offset + (uint64_t)offset, count, size, bufp) == 0) return 0;
+        goto python;
     }
     off_t position = (off_t)(node->offset + (uint64_t)offset);
     pipe_t *pipe = count >= SPLICE_MIN ? thread_pipe() : NULL;
@@ -632,7 +751,13 @@ static void release_tables(void) {
             close(source->fd);
         }
         pthread_mutex_destroy(&source->lock);
+        free(source->blocks);
     }
+    free(g.remote_slots);
+    g.remote_slots = NULL;
+    g.remote_slot_count = 0;
+    if (g.cache_fd >= 0) close(g.cache_fd);
+    g.cache_fd = -1;
     free(g.nodes);
     free(g.children);
     free(g.slots);
@@ -712,6 +837,8 @@ static PyObject *s_inode, *s_mtime_ns, *s_size, *s_children, *s_stored, *s_key, 
 static PyObject *build(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *root, *dir_type, *file_type, *range_type, *shard_type = Py_None;
+    uint64_t *extents = NULL; /* by source: the end of what C's files read of it */
+    uint32_t extent_count = 0;
     unsigned long long inodes;
     int spliceable;
     if (!PyArg_ParseTuple(args, "OOOOKp|O", &root, &dir_type, &file_type, &range_type, &inodes, &spliceable,
@@ -912,6 +1039,18 @@ static PyObject *build(PyObject *self, PyObject *args) {
                 if (ok) {
                     node->offset = (uint64_t)offset;
                     node->kind = FILE_NATIVE;
+                    if (node->source >= extent_count) { /* the sources are numbered as they come: one more */
+                        uint64_t *grown = realloc(extents, (node->source + 1) * sizeof *extents);
+                        if (!grown) {
+                            PyErr_NoMemory();
+                            ok = 0;
+                        } else {
+                            extents = grown;
+                            extents[extent_count++] = 0;
+                        }
+                    }
+                    if (ok && (uint64_t)offset + node->size > extents[node->source])
+                        extents[node->source] = (uint64_t)offset + node->size;
                 }
             }
             Py_XDECREF(key);
@@ -936,13 +1075,16 @@ static PyObject *build(PyObject *self, PyObject *args) {
     }
     for (uint32_t i = 0; i < g.source_count; i++) {
         g.sources[i].fd = -1;
+        g.sources[i].extent = i < extent_count ? extents[i] : 0;
         pthread_mutex_init(&g.sources[i].lock, NULL);
     }
+    free(extents);
     Py_DECREF(key_index);
     Py_DECREF(queue);
     Py_DECREF(name_offsets);
     return Py_BuildValue("(NKK)", keys, native_files, python_files);
 fail:
+    free(extents);
     Py_XDECREF(keys);
     Py_XDECREF(key_index);
     Py_XDECREF(queue);
@@ -970,6 +1112,92 @@ static PyObject *set_source(PyObject *self, PyObject *args) {
     source->size = size;
     source->mtime_ns = mtime_ns;
     source->changed = 0;
+    Py_RETURN_NONE;
+}
+
+/* blocks(fd, slot_size, slot_count): the sources C does not read from a descriptor are remote, their fetched
+ * blocks in slot_count slots of slot_size bytes of the memfd fd; C answers reads of what Python publishes there. */
+static PyObject *share_blocks(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    unsigned long long slot_size;
+    unsigned int slot_count;
+    if (!PyArg_ParseTuple(args, "iKI", &fd, &slot_size, &slot_count)) return NULL;
+    if (g.installed || g.nodes == NULL || g.remote_slots != NULL || slot_size < PAGE || slot_size > UINT32_MAX ||
+        slot_count == 0) {
+        PyErr_SetString(PyExc_ValueError, "build() first, once, before the session, with a slot size of 32 bits");
+        return NULL;
+    }
+    g.remote_slots = calloc(slot_count, sizeof *g.remote_slots);
+    if (g.remote_slots == NULL) return PyErr_NoMemory();
+    for (uint32_t i = 0; i < slot_count; i++) g.remote_slots[i].owner = NO_OWNER;
+    g.remote_slot_count = slot_count;
+    g.slot_size = slot_size;
+    for (uint32_t i = 0; i < g.source_count; i++) {
+        source_t *source = &g.sources[i];
+        if (source->fd >= 0) continue;
+        source->block_count = (source->extent + slot_size - 1) / slot_size;
+        source->blocks = calloc(source->block_count ? source->block_count : 1, sizeof *source->blocks);
+        if (source->blocks == NULL) return PyErr_NoMemory(); /* close() frees what was made */
+    }
+    g.cache_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (g.cache_fd < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+/* publish(slot, source, block, lo, hi): the slot's bytes [lo, hi) of the source (file offsets, in the block)
+ * hold the source's bytes and will not change until withdraw(slot); C may answer reads of them. */
+static PyObject *publish(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned int slot, index;
+    unsigned long long block, lo, hi;
+    if (!PyArg_ParseTuple(args, "IIKKK", &slot, &index, &block, &lo, &hi)) return NULL;
+    if (slot >= g.remote_slot_count || index >= g.source_count || g.sources[index].blocks == NULL ||
+        block >= g.sources[index].block_count)
+        Py_RETURN_NONE; /* a block past what C's files read: Python answers it */
+    uint64_t base = block * g.slot_size;
+    if (lo < base || hi > base + g.slot_size || lo >= hi) {
+        PyErr_SetString(PyExc_ValueError, "the range is not in the block");
+        return NULL;
+    }
+    remote_slot_t *target = &g.remote_slots[slot];
+    uint64_t owner = ((uint64_t)index << 32) | block;
+    uint64_t previous = __atomic_load_n(&target->owner, __ATOMIC_RELAXED);
+    if (previous != owner && previous != NO_OWNER) {
+        PyErr_SetString(PyExc_ValueError, "the slot is published for another block: withdraw it first");
+        return NULL;
+    }
+    __atomic_store_n(&target->owner, owner, __ATOMIC_RELAXED);
+    __atomic_store_n(&target->range, ((lo - base) << 32) | (hi - base), __ATOMIC_RELEASE);
+    __atomic_store_n(&g.sources[index].blocks[block], slot + 1, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+/* withdraw(slot) -> whether it is free: C answers no more reads from it, and no reply of C's holds its pages
+ * (if one does, it stays withdrawn: ask again later). */
+static PyObject *withdraw(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned int slot;
+    if (!PyArg_ParseTuple(args, "I", &slot)) return NULL;
+    if (slot >= g.remote_slot_count) Py_RETURN_TRUE;
+    remote_slot_t *target = &g.remote_slots[slot];
+    uint64_t owner = __atomic_load_n(&target->owner, __ATOMIC_RELAXED);
+    if (owner != NO_OWNER) {
+        uint32_t expected = slot + 1;
+        source_t *source = &g.sources[owner >> 32];
+        __atomic_compare_exchange_n(&source->blocks[owner & 0xffffffffu], &expected, 0, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
+        __atomic_store_n(&target->owner, NO_OWNER, __ATOMIC_RELAXED);
+    }
+    return PyBool_FromLong(__atomic_load_n(&target->pins, __ATOMIC_SEQ_CST) == 0);
+}
+
+/* changed(source): the source no longer holds its pinned version: C answers none of its reads (Python: EIO). */
+static PyObject *mark_changed(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned int index;
+    if (!PyArg_ParseTuple(args, "I", &index)) return NULL;
+    if (index < g.source_count) __atomic_store_n(&g.sources[index].changed, 1, __ATOMIC_SEQ_CST);
     Py_RETURN_NONE;
 }
 
@@ -1109,6 +1337,10 @@ static PyMethodDef methods[] = {
      "build(root, dir_type, file_type, range_type, inodes, spliceable[, shard_type]) -> source keys"},
     {"set_source", set_source, METH_VARARGS, "set_source(index, fd, size, mtime_ns): C reads it from a dup of fd"},
     {"configure", configure, METH_VARARGS, "configure(uid, gid, drop_lag, statfs, stats)"},
+    {"share_blocks", share_blocks, METH_VARARGS, "share_blocks(fd, slot_size, slot_count): remote blocks in a memfd"},
+    {"publish", publish, METH_VARARGS, "publish(slot, source, block, lo, hi): C may answer reads of those bytes"},
+    {"withdraw", withdraw, METH_VARARGS, "withdraw(slot) -> free: C reads the slot no more; no reply holds it"},
+    {"changed", mark_changed, METH_VARARGS, "changed(source): C answers none of its reads"},
     {"install", install, METH_VARARGS, "install(address, size): C callbacks into a struct fuse_operations"},
     {"close", close_tables, METH_NOARGS, "close(): after the session, close descriptors and free the tables"},
     {"counts", counts, METH_NOARGS, "counts() -> (calls, read_sizes, read_bytes) answered in C"},

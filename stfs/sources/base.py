@@ -107,6 +107,27 @@ class SpliceSource(ByteSource, Protocol):
         ...
 
 
+class SharedBlocks(Protocol):
+    """A reader of a remote source's block cache of its own (stfs._native), told which bytes its slots hold.
+
+    The source publishes a slot's bytes once it has answered a read from them itself (its readahead then sees the
+    first read of every block) and withdraws the slot before it reuses it; the reader answers reads of published
+    bytes from the cache's memfd. Called with the source's lock held."""
+
+    def publish(self, slot: int, key: str, block: int, lo: int, hi: int) -> None:
+        """Bytes ``[lo, hi)`` of ``key`` (in ``block``) are in ``slot`` and stay there until it is withdrawn."""
+        ...
+
+    def withdraw(self, slot: int) -> bool:
+        """No more reads from ``slot``; whether none of the reader's replies still holds its pages (if one does,
+        the slot must not be reused yet: ask again later)."""
+        ...
+
+    def changed(self, key: str) -> None:
+        """``key`` no longer holds its pinned version: the reader leaves its reads to the source (EIO)."""
+        ...
+
+
 def _split(key: str) -> tuple[str, str]:
     match = _PREFIX.match(key)
     return (match.group(), key[match.end() :]) if match else ("", key)

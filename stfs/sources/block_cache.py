@@ -10,7 +10,9 @@ copy; a sequential reader cycles through a few slots, the first ones taken, so i
 
 A slot holds one block of one file (``owner``: key and block number) and the byte ranges of it filled so
 far. It is never reused while ``users`` (fills, reads, splices in progress) or ``lent`` (pipes holding its
-pages for a reply the kernel has not taken yet) count it; otherwise the least recently used goes first.
+pages for a reply the kernel has not taken yet) count it, nor while ``shared`` (stfs._native, answering reads
+of the bytes published to it) says a reply of its own holds its pages; otherwise the least recently used goes
+first.
 
 Every method but ``close`` is called with the ``RemoteFiles`` lock held.
 """
@@ -22,6 +24,8 @@ import mmap
 import os
 import time
 from collections import OrderedDict
+
+from .base import SharedBlocks
 
 Owner = tuple[str, int]  # (key, block)
 PASSED_SCAN = 16  # slots looked at from the least recently used end for one a reader has gone past
@@ -64,6 +68,7 @@ class SlotCache:
         self._slots = [Slot(index) for index in range(self.count)]
         self._unused = list(range(self.count - 1, -1, -1))  # never filled: taken before any is evicted
         self._owned: OrderedDict[Owner, Slot] = OrderedDict()  # least recently used first
+        self.shared: SharedBlocks | None = None
 
     def populate(self, count: int) -> int:
         """Fault in the pages of the first ``count`` slots (those taken first), one slot a call; the slots done
@@ -112,13 +117,13 @@ class SlotCache:
         now = time.monotonic()
         slot = None
         for candidate in itertools.islice(self._owned.values(), PASSED_SCAN):
-            if candidate.passed and candidate.free(now):
+            if candidate.passed and self._reusable(candidate, now):
                 slot = candidate
                 break
         if slot is None and self._unused:
             slot = self._slots[self._unused.pop()]
         if slot is None:
-            slot = next((s for s in self._owned.values() if s.free(now)), None)
+            slot = next((s for s in self._owned.values() if self._reusable(s, now)), None)
         if slot is None:
             return None
         if slot.owner is not None:
@@ -129,6 +134,11 @@ class SlotCache:
         slot.owner = owner
         self._owned[owner] = slot
         return slot
+
+    def _reusable(self, slot: Slot, now: float) -> bool:
+        """Whether ``slot`` may take another block: free here, and withdrawn from ``shared`` with no reply there
+        holding its pages (withdrawn either way: it stays so until a read of its block here publishes it again)."""
+        return slot.free(now) and (self.shared is None or self.shared.withdraw(slot.index))
 
     def pass_by(self, owner: Owner) -> None:
         """A sequential reader has read past ``owner``'s block: its slot is the first to be reused."""

@@ -12,7 +12,8 @@ brings pooling and S3 signing); tensor bytes through the transport's client wher
   block cache (``stfs.sources.block_cache``: one memfd, fixed slots, reused), clipped to the span being
   read (a tensor) unless its reader reads the file in order; with a ``DiskCache``, to disk as well.
   Replies are spliced from the memfd (``splice_into``) or copied from it (``read_into``). Concurrent reads
-  of one block share one fetch.
+  of one block share one fetch. With a reader of its own given (``share_blocks``: stfs._native), the bytes a
+  read found in a slot, clipped to its span, are published to it, and it answers the next reads there itself.
 * **Readahead**: readers are followed by where they are in the file (within the kernel's reordering: a
   little back, up to 16 MiB forward), not by the span they read. One that starts a span at its first byte
   gets a window of blocks fetched in parallel ahead of it, doubling up to ``max_window``, within the span;
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, PAGE, FileInfo, Kind, SourceChanged
+from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, PAGE, FileInfo, Kind, SharedBlocks, SourceChanged
 from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
@@ -209,6 +210,7 @@ class RemoteFiles:
         self._streams: dict[str, list[_Stream]] = {}  # key -> its readers, most recent last
         self._lent: dict[int, list[tuple[Slot, Any]]] = {}  # pipe -> the slots whose pages it holds
         self._pool: ThreadPoolExecutor | None = None
+        self._shared: SharedBlocks | None = None
         self._closed = False
         self.requests = 0
         self.bytes_fetched = 0
@@ -297,6 +299,14 @@ class RemoteFiles:
             if sent < (len(part) if isinstance(part, bytes) else part[2]):
                 break
         return moved
+
+    def share_blocks(self, shared: SharedBlocks) -> tuple[int, int, int]:
+        """Publish to ``shared`` the bytes that reads find in the block cache (see ``SharedBlocks``); the cache's
+        memfd, slot size and slot count, where ``shared`` reads them."""
+        cache = self._block_cache()
+        with self._lock:
+            cache.shared = self._shared = shared
+        return cache.fd, cache.slot_size, cache.count
 
     def changed(self) -> list[str]:
         """Keys whose object no longer has the pinned version, asked of the server (one request each)."""
@@ -448,6 +458,9 @@ class RemoteFiles:
                 position += len(piece)
                 continue
             slot, lo, hi = piece
+            if self._shared is not None and max(lo, low) < min(hi, high):
+                with self._lock:
+                    self._shared.publish(slot.index, pin.key, block, max(lo, low), min(hi, high))
             take = min(end, hi) - position
             yield slot, cache.offset(slot, block, position), take
             position += take
@@ -591,6 +604,9 @@ class RemoteFiles:
     def _changed(self, pin: _Pin, detail: str) -> None:
         if not pin.changed:
             pin.changed = True
+            if self._shared is not None:
+                with self._lock:
+                    self._shared.changed(pin.key)
             log.error("%s changed since it was mounted (%s); its reads now fail with EIO", pin.key, detail)
         raise SourceChanged(f"{pin.key} has changed since it was mounted")
 

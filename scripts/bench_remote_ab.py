@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Two stfs checkouts over the same nginx, alternated round by round: each figure ÷ curl of the same bytes.
+
+    python3 scripts/bench_remote_ab.py --data DIR --checkout main=/work/main --checkout this=. \\
+        [--rounds 4] [-o max_read=131072]
+
+bench_remote's 1 GiB model (eight 128 MiB tensors) behind bench_remote's nginx; per round and checkout, each on
+a fresh mount: ``dd`` of tensor ``t2``, ``dd`` of ``files/model.safetensors``, ``cat`` of every ``tensors/``
+file, each followed by ``curl -r`` of as many bytes. The order of the checkouts flips every round. Prints each
+ratio and the medians. ``--hot``: instead, ``dd`` of ``t2`` four times on one mount, the page cache dropped
+before each (the first fetches, the rest find every block in the block cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from scripts import bench_remote  # noqa: E402
+from scripts.bench import STFS_REPO, dd_seconds  # noqa: E402
+from tests.servers import Nginx  # noqa: E402
+
+
+def curl_seconds(url: str, size: int) -> float:
+    began = time.monotonic()
+    subprocess.run(["curl", "-s", "-o", "/dev/null", "-r", f"0-{size - 1}", url], check=True)
+    return time.monotonic() - began
+
+
+def one_round(url: str, mnt: str, spans: dict[str, tuple[int, int]], options: list[str]) -> list[float]:
+    """stfs ÷ curl for one tensor, files/ and the whole of tensors/."""
+    ratios = []
+    for what in ("tensors/t2", "files/model.safetensors", "cat"):
+        with bench_remote.stfs_mounted(url, mnt, options) as mount:
+            if what == "cat":
+                paths = [os.path.join(mount.mountpoint, "tensors", name) for name in sorted(spans)]
+                began = time.monotonic()
+                subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
+                seconds, size = time.monotonic() - began, sum(hi - lo for lo, hi in spans.values())
+            else:
+                path = os.path.join(mount.mountpoint, what)
+                seconds, size = dd_seconds(path), os.path.getsize(path)
+        ratios.append(curl_seconds(url, size) / seconds)
+    return ratios
+
+
+def hot(url: str, mnt: str, options: list[str]) -> list[float]:
+    """GB/s of four reads of t2 on one mount, its page cache dropped before each."""
+    speeds = []
+    with bench_remote.stfs_mounted(url, mnt, options) as mount:
+        path = os.path.join(mount.mountpoint, "tensors", "t2")
+        for _ in range(4):
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+            speeds.append(os.path.getsize(path) / dd_seconds(path) / 1e9)
+    return speeds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="/tmp/stfs-bench")
+    parser.add_argument("--checkout", action="append", default=[], help="LABEL=PATH (two or more)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("-o", dest="option", action="append", default=[], help="stfs mount -o options")
+    parser.add_argument("--hot", action="store_true")
+    args = parser.parse_args()
+    checkouts = [spec.partition("=")[::2] for spec in args.checkout] or [("this", REPO)]
+    data = os.path.join(args.data, "remote")
+    nginx = Nginx(Path(data) / "nginx")
+    nginx.root.mkdir(parents=True, exist_ok=True)
+    model, spans = bench_remote.the_model(nginx.root)
+    options = [item for option in args.option for item in ("-o", option)]
+    nginx.start()
+    results: dict[str, list[list[float]]] = {label: [] for label, _ in checkouts}
+    print(f"load {os.getloadavg()} at {time.strftime('%H:%M:%S')}", flush=True)
+    try:
+        for number in range(args.rounds):
+            for label, path in checkouts if number % 2 == 0 else checkouts[::-1]:
+                STFS_REPO[0] = os.path.abspath(path)
+                url, mnt = f"{nginx.url}/{model}", os.path.join(data, "mnt")
+                figures = hot(url, mnt, options) if args.hot else one_round(url, mnt, spans, options)
+                results[label].append(figures)
+                unit = "GB/s" if args.hot else "x curl (one tensor, files/, cat tensors/)"
+                print(f"round {number} {label}: " + " ".join(f"{f:.2f}" for f in figures) + f" {unit}", flush=True)
+    finally:
+        nginx.stop()
+    for label, rows in results.items():
+        medians = [statistics.median(row[i] for row in rows) for i in range(len(rows[0]))]
+        print(f"{label} medians: " + " ".join(f"{m:.2f}" for m in medians))
+    print(f"load {os.getloadavg()} at {time.strftime('%H:%M:%S')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
