@@ -601,6 +601,10 @@ static PyObject *lend(PyObject *self, PyObject *buffer) {
 
 static void unpin(pipe_t *pipe) {
     if (pipe->pinned_count == 0) return;
+    if (g.remote_slots == NULL) { /* the tables are gone (a thread ending after the session): nothing to count */
+        pipe->pinned_count = 0;
+        return;
+    }
     if (!pipe_empty(pipe)) pipe_drain(pipe); /* a reply libfuse gave up on still holds the pages */
     for (int i = 0; i < pipe->pinned_count; i++)
         __atomic_fetch_sub(&g.remote_slots[pipe->pinned[i]].pins, 1, __ATOMIC_SEQ_CST);
