@@ -3,10 +3,11 @@
 Nothing here knows what a tensor is, and nothing here packs a C structure: mfusepy's callbacks call the plain
 ``Operations`` methods of ``fs.StfsOperations`` (``getattr`` a dict, ``readdir`` a list, ``read`` bytes), and
 where it is built, ``stfs._native`` (stfs/_native.c) answers the requests that carry the load in C, before
-them: C functions installed in the operations table (``native_start``) answer getattr, readdir, open/release,
-statfs, and ``read_buf`` of files that are one ``Range`` of a local source, from tables built once at mount
-(opendir, releasedir and flush have no Python callback: libfuse answers them itself); of a remote source, reads
-of bytes its block cache holds and has published to C (``Published``), spliced from the cache's memfd.
+them: C functions installed in the operations table (``native_start``) answer getattr, opendir (the folder's inode
+in the handle, so readdir looks up no path), readdir, open/release, statfs, and ``read_buf`` of files that are one
+``Range`` of a local source, from tables built once at mount (releasedir and flush have no Python callback: libfuse
+answers them itself); of a remote source, reads of bytes its block cache holds and has published to C
+(``Published``), spliced from the cache's memfd.
 
 A read C does not answer (a remote source, ``Decoded`` pieces, bytes held in memory, a ``Summary``, a source
 whose descriptor C does not hold, any failure) comes back to ``Reader``, which says what the reply holds, in

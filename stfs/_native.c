@@ -2,8 +2,9 @@
  *
  * mfusepy builds the fuse_operations table and runs the session; before libfuse gets the table,
  * install() puts the C functions below in front of the Python ones it holds (getattr, readdir, open,
- * release, statfs, read_buf; opendir, releasedir and flush too where Python has them, which stfs does
- * not: libfuse answers those itself) and keeps the Python ones to call for
+ * release, statfs, read_buf, and always opendir, whose handle names the folder to readdir; releasedir and
+ * flush too where Python has them, which stfs does not: libfuse answers those itself) and keeps the
+ * Python ones to call for
  * everything C does not answer: a read of a file that is not one Range of a local source (bytes in
  * memory, Decoded pieces, any other segment kind), a source whose descriptor C does not hold, any
  * short or failed transfer, a source that no longer matches its pin (Python logs it and answers EIO),
@@ -230,26 +231,37 @@ static int n_getattr(const char *path, struct stat *st, struct fuse_file_info *f
     return 0;
 }
 
+/* opendir keeps the folder's inode in the handle, which libfuse hands to readdir and releasedir: the one
+ * lookup of the path a listing costs (unless Python opens folders itself, and so owns the handle). */
 static int n_opendir(const char *path, struct fuse_file_info *fi) {
     uint32_t index = lookup(path);
     if (index == 0) return -ENOENT;
-    if (g.nodes[index].kind == DIR_PYTHON) return g.py.opendir ? g.py.opendir(path, fi) : 0;
     if (!is_dir(&g.nodes[index])) return -ENOTDIR;
+    if (g.py.opendir && g.nodes[index].kind == DIR_PYTHON) return g.py.opendir(path, fi);
     count(C_OPENDIR);
     fi->fh = index;
     return 0;
 }
 
+/* The folder a readdir or releasedir is about: by its handle where C opened it, else by its path (0: none). */
+static uint32_t opened_folder(const char *path, const struct fuse_file_info *fi) {
+    if (!g.py.opendir && fi != NULL && fi->fh > 0 && fi->fh < g.node_count && is_dir(&g.nodes[fi->fh]))
+        return (uint32_t)fi->fh;
+    return lookup(path);
+}
+
 static int n_releasedir(const char *path, struct fuse_file_info *fi) {
-    (void)path;
-    (void)fi;
+    if (g.py.releasedir) {
+        uint32_t index = opened_folder(path, fi);
+        if (index != 0 && g.nodes[index].kind == DIR_PYTHON) return g.py.releasedir(path, fi);
+    }
     count(C_RELEASEDIR);
     return 0;
 }
 
 static int n_readdir(const char *path, void *buf, fuse_fill_dir_t filler, off_t offset, struct fuse_file_info *fi,
                      enum fuse_readdir_flags flags) {
-    uint32_t index = lookup(path);
+    uint32_t index = opened_folder(path, fi);
     if (index == 0) return -ENOENT;
     const node_t *folder = &g.nodes[index];
     if (folder->kind == DIR_PYTHON) return g.py.readdir ? g.py.readdir(path, buf, filler, offset, fi, flags) : -EIO;
@@ -1250,13 +1262,14 @@ static PyObject *install(PyObject *self, PyObject *args) {
 #define SAVE(name) g.py.name = ops->name;
     OPS_FIELDS(SAVE)
 #undef SAVE
-    /* Only where Python answers today: libfuse answers a missing opendir or releasedir itself, and a missing
-     * flush once (ENOSYS), after which the kernel sends no more. */
+    /* Only where Python answers today: libfuse answers a missing releasedir itself, and a missing flush once
+     * (ENOSYS), after which the kernel sends no more; opendir is C's whatever Python has (below). */
 #define REPLACE(name)                                                                                               \
     if (ops->name) ops->name = n_##name;
     OPS_FIELDS(REPLACE)
 #undef REPLACE
     if (py_reader) ops->read_buf = n_read_buf; /* Python's reads come back through python_read */
+    ops->opendir = n_opendir;                  /* always: the handle it sets spares readdir a lookup */
     g.installed = 1;
     Py_RETURN_NONE;
 }

@@ -9,15 +9,19 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
+import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stfs.daemon import mounted
+from stfs.daemon import unmount as stop_mount
 from tests.helpers import IN_CI, read_cold, run, tensor_path
 from tests.models import write_numpy
 
@@ -263,3 +267,103 @@ def test_threads_read_the_right_bytes(mount: object, tmp_path: Path, require_nat
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_a_long_folder_is_listed_by_its_handle(tmp_path: Path, require_native: None) -> None:
+    """C's opendir keeps the folder in the handle libfuse hands each readdir: a folder of 3,000 names, listed in
+    a dozen-odd requests at their offsets, and listed again on the same open handle, says what Python says."""
+    arrays = {f"blocks.{index:04d}.attention.weight": np.full(1, index, dtype=np.int16) for index in range(3000)}
+    source = write_numpy(str(tmp_path / "wide.safetensors"), arrays)
+    listings = {}
+    for how, environment in [("c", native_environment()), ("py", dict(os.environ, STFS_NATIVE="0"))]:
+        mnt, stats = tmp_path / how, tmp_path / f"{how}.json"
+        background(
+            source, mnt, tmp_path / f"{how}.log", "--layout", "flat", env=dict(environment, STFS_STATS=str(stats))
+        )
+        try:
+            folder = os.open(mnt / "tensors", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                first = [(entry.name, entry.inode(), entry.is_dir()) for entry in os.scandir(folder)]
+                again = os.listdir(folder)  # the same open folder, read from its start again
+            finally:
+                os.close(folder)
+            assert [name for name, _, _ in first] == again
+            listings[how] = (first, sorted(os.listdir(mnt)))
+        finally:
+            unmount(mnt)
+        listings[f"{how} calls"] = json.loads(stats.read_text())["calls"]
+    assert listings["c"] == listings["py"]
+    assert len(listings["c"][0]) == 3000
+    calls = listings["c calls"]
+    # C opened tensors/ once (the listings after it share the open handle) and the root once, and listed both
+    assert calls["opendir"] == 2 and calls["readdir_fuse_3"] >= 8, calls  # tensors/ in several requests
+    assert "readdir" not in calls, calls  # and Python listed none
+
+
+LONG_NAME_SERVER = textwrap.dedent("""
+    import sys
+    from stfs._libfuse import request_size, serve
+    from stfs.fs import StfsOperations
+    from stfs.model import resolve
+    from stfs.sources import LocalFiles
+    from stfs.views import VIEWS, build_tree
+
+    model, mountpoint, long_name = sys.argv[1:4]
+
+    def odd(tree, model, base, layout):  # a view whose folder holds a name C's tables cannot keep (over 255 bytes)
+        tree.add_file([*base, "odd", "short"], model.mtime_ns, (b"short",))
+        tree.add_file([*base, "odd", long_name], model.mtime_ns, (b"long",))
+        tree.add_file([*base, "odd", "inner", "deep"], model.mtime_ns, (b"deep",))
+
+    tree = build_tree(resolve(model), views=(*VIEWS, odd))
+    serve(StfsOperations(tree, LocalFiles()), mountpoint, foreground=True, ro=True, nothreads=True,
+          max_read=request_size(), use_ino=True)
+""")
+
+
+def test_a_folder_holding_a_name_c_cannot_keep_is_listed_by_python(tmp_path: Path, require_native: None) -> None:
+    """C's tables keep names of 1 to 255 bytes (all the kernel can look up); a folder holding any other is listed
+    by Python, through the same mount, and everything else in it is still C's."""
+    model_path = write_numpy(str(tmp_path / "m.safetensors"), {"w": np.arange(4, dtype=np.int32)})
+    long_name = "n" * 300
+    mnt, stats = tmp_path / "mnt", tmp_path / "stats.json"
+    mnt.mkdir()
+    log = open(tmp_path / "server.log", "w+")  # noqa: SIM115
+    server = subprocess.Popen(
+        [sys.executable, "-c", LONG_NAME_SERVER, model_path, str(mnt), long_name],
+        stdout=log,
+        stderr=log,
+        env=dict(native_environment(), STFS_STATS=str(stats)),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"the server did not mount: {log.read()}")
+            time.sleep(0.1)
+        assert os.listdir(mnt / "odd") == ["short", long_name, "inner"]
+        found = run(["find", str(mnt / "odd")]).stdout.splitlines()
+        assert sorted(found) == sorted(
+            str(mnt / "odd" / name) for name in ["", "short", long_name, "inner", "inner/deep"]
+        )
+        assert (mnt / "odd" / "short").read_bytes() == b"short"
+        assert (mnt / "odd" / "inner" / "deep").read_bytes() == b"deep"
+        assert (
+            os.stat(mnt / "odd" / "inner").st_ino
+            == [e.inode() for e in os.scandir(mnt / "odd") if e.name == "inner"][0]
+        )
+        assert os.listdir(mnt / "odd" / "inner") == ["deep"]
+        assert read_cold(tensor_path(str(mnt), "w")) == np.arange(4, dtype=np.int32).tobytes()
+    finally:
+        if os.path.ismount(mnt):
+            stop_mount(str(mnt))
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+    calls = json.loads(stats.read_text())["calls"]
+    assert calls["readdir"] >= 1, calls  # Python's readdir listed odd/
+    assert calls["readdir_fuse_3"] >= 1 and calls["opendir"] >= 2, calls  # C listed odd/inner/ and the rest
