@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +112,32 @@ def read_cold(path: str, offset: int = 0, size: int = -1) -> bytes:
 def changed(mnt: str) -> list[str]:
     """The mount root's ``user.stfs.changed``: the sources that no longer hold the mounted bytes."""
     return json.loads(os.getxattr(mnt, "user.stfs.changed"))
+
+
+@contextlib.contextmanager
+def served_by(
+    command: list[str], mountpoint: Path, log_path: Path, env: dict[str, str] | None = None
+) -> Iterator[None]:
+    """A mount served by ``command``, a child process the test starts (a tree of its own through the real serve
+    path): waited for until mounted (its log shown if it is not within 30 s); always unmounted, and the process
+    reaped (killed if it has not ended 20 s after)."""
+    from stfs.daemon import unmount
+
+    with open(log_path, "w+") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=log, env=env)
+        try:
+            deadline = time.monotonic() + 30
+            while not os.path.ismount(mountpoint):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    pytest.fail(f"the server did not mount: {log.read()}")
+                time.sleep(0.1)
+            yield
+        finally:
+            if os.path.ismount(mountpoint):
+                unmount(str(mountpoint))
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()

@@ -9,20 +9,17 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stfs.daemon import mounted
-from stfs.daemon import unmount as stop_mount
-from tests.helpers import IN_CI, read_cold, run, tensor_path
+from tests.helpers import IN_CI, read_cold, run, served_by, tensor_path
 from tests.models import write_numpy
 
 pytestmark = pytest.mark.timeout(120)
@@ -328,20 +325,8 @@ def test_a_folder_holding_a_name_c_cannot_keep_is_listed_by_python(tmp_path: Pat
     long_name = "n" * 300
     mnt, stats = tmp_path / "mnt", tmp_path / "stats.json"
     mnt.mkdir()
-    log = open(tmp_path / "server.log", "w+")  # noqa: SIM115
-    server = subprocess.Popen(
-        [sys.executable, "-c", LONG_NAME_SERVER, model_path, str(mnt), long_name],
-        stdout=log,
-        stderr=log,
-        env=dict(native_environment(), STFS_STATS=str(stats)),
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"the server did not mount: {log.read()}")
-            time.sleep(0.1)
+    command = [sys.executable, "-c", LONG_NAME_SERVER, model_path, str(mnt), long_name]
+    with served_by(command, mnt, tmp_path / "server.log", env=dict(native_environment(), STFS_STATS=str(stats))):
         assert os.listdir(mnt / "odd") == ["short", long_name, "inner"]
         found = run(["find", str(mnt / "odd")]).stdout.splitlines()
         assert sorted(found) == sorted(
@@ -355,15 +340,6 @@ def test_a_folder_holding_a_name_c_cannot_keep_is_listed_by_python(tmp_path: Pat
         )
         assert os.listdir(mnt / "odd" / "inner") == ["deep"]
         assert read_cold(tensor_path(str(mnt), "w")) == np.arange(4, dtype=np.int32).tobytes()
-    finally:
-        if os.path.ismount(mnt):
-            stop_mount(str(mnt))
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
     calls = json.loads(stats.read_text())["calls"]
     assert calls["readdir"] >= 1, calls  # Python's readdir listed odd/
     assert calls["readdir_fuse_3"] >= 1 and calls["opendir"] >= 2, calls  # C listed odd/inner/ and the rest

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stfs.daemon import unmount
 from stfs.format import TensorEntry
 from stfs.nodes import FileNode, Range, ShardData, clamp, pieces, read_into
 from stfs.sources import LocalFiles
-from tests.helpers import run
+from tests.helpers import run, served_by
 
 SOURCE_SIZE = 400_000
 
@@ -112,25 +109,8 @@ def stitched_mount(tmp_path: Path, source: str, require_fuse: None) -> Iterator[
     save_file({"x": np.arange(10, dtype=np.float32)}, model)
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    log = open(tmp_path / "server.log", "w+")  # noqa: SIM115
-    server = subprocess.Popen([sys.executable, "-c", SERVER, model, source, str(mountpoint)], stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mountpoint):
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"the server did not mount: {log.read()}")
-            time.sleep(0.1)
+    with served_by([sys.executable, "-c", SERVER, model, source, str(mountpoint)], mountpoint, tmp_path / "server.log"):
         yield str(mountpoint)
-    finally:
-        if os.path.ismount(mountpoint):
-            unmount(str(mountpoint))
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
 
 
 @pytest.mark.timeout(120)
