@@ -642,18 +642,18 @@ static uint64_t pin_published(pipe_t *pipe, source_t *source, uint64_t position,
 }
 
 /* A read of a remote file answered from published slots: 0 with the reply in *bufp, 1 where Python answers. */
-static int remote_read(source_t *source, uint64_t position, size_t count, size_t size, struct fuse_bufvec **bufp) {
+static int remote_read(source_t *source, uint64_t position, size_t length, size_t size, struct fuse_bufvec **bufp) {
     pipe_t *pipe = thread_pipe();
-    if (pipe == NULL || count > pipe->limit) return 1;
+    if (pipe == NULL || length > pipe->limit) return 1;
     if (!pipe_empty(pipe)) pipe_drain(pipe);
-    char *memory = count < SPLICE_MIN ? malloc(count) : NULL; /* libfuse copies replies this small anyway */
-    if (count < SPLICE_MIN && memory == NULL) return 1;
+    char *memory = length < SPLICE_MIN ? malloc(length) : NULL; /* libfuse copies replies this small anyway */
+    if (length < SPLICE_MIN && memory == NULL) return 1;
     size_t done = 0;
-    while (done < count) {
+    while (done < length) {
         loff_t from;
         uint64_t available = pin_published(pipe, source, position + done, &from);
         if (available == 0) break;
-        size_t want = count - done < available ? count - done : (size_t)available, moved = 0;
+        size_t want = length - done < available ? length - done : (size_t)available, moved = 0;
         while (moved < want) {
             ssize_t got = memory ? pread(g.cache_fd, memory + done + moved, want - moved, from + (off_t)moved)
                                  : splice(g.cache_fd, &(loff_t){from + (loff_t)moved}, pipe->write_fd, NULL,
@@ -666,18 +666,18 @@ static int remote_read(source_t *source, uint64_t position, size_t count, size_t
         done += moved;
         if (moved < want) break;
     }
-    if (done < count) {
+    if (done < length) {
         free(memory);
         unpin(pipe);
         return 1;
     }
-    count_read(size, count);
-    if (g.stats) __atomic_fetch_add(&g.calls[C_READ_CACHED], 1, __ATOMIC_RELAXED); /* of those: from the cache */
+    count_read(size, length);
+    count(C_READ_CACHED); /* of those, the reads answered from the block cache */
     if (memory) {
         unpin(pipe); /* copied: nothing of the slot's is in the reply */
-        return reply(bufp, count, memory, -1);
+        return reply(bufp, length, memory, -1);
     }
-    return reply(bufp, count, NULL, pipe->read_fd);
+    return reply(bufp, length, NULL, pipe->read_fd);
 }
 
 static int n_read_buf(const char *path, struct fuse_bufvec **bufp, size_t size, off_t offset,
@@ -853,8 +853,6 @@ static PyObject *s_inode, *s_mtime_ns, *s_size, *s_children, *s_stored, *s_key, 
 static PyObject *build(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *root, *dir_type, *file_type, *range_type, *shard_type = Py_None;
-    uint64_t *extents = NULL; /* by source: the end of what C's files read of it */
-    uint32_t extent_count = 0;
     unsigned long long inodes;
     int spliceable;
     if (!PyArg_ParseTuple(args, "OOOOKp|O", &root, &dir_type, &file_type, &range_type, &inodes, &spliceable,
@@ -1055,18 +1053,6 @@ static PyObject *build(PyObject *self, PyObject *args) {
                 if (ok) {
                     node->offset = (uint64_t)offset;
                     node->kind = FILE_NATIVE;
-                    if (node->source >= extent_count) { /* the sources are numbered as they come: one more */
-                        uint64_t *grown = realloc(extents, (node->source + 1) * sizeof *extents);
-                        if (!grown) {
-                            PyErr_NoMemory();
-                            ok = 0;
-                        } else {
-                            extents = grown;
-                            extents[extent_count++] = 0;
-                        }
-                    }
-                    if (ok && (uint64_t)offset + node->size > extents[node->source])
-                        extents[node->source] = (uint64_t)offset + node->size;
                 }
             }
             Py_XDECREF(key);
@@ -1091,16 +1077,18 @@ static PyObject *build(PyObject *self, PyObject *args) {
     }
     for (uint32_t i = 0; i < g.source_count; i++) {
         g.sources[i].fd = -1;
-        g.sources[i].extent = i < extent_count ? extents[i] : 0;
         pthread_mutex_init(&g.sources[i].lock, NULL);
     }
-    free(extents);
+    for (uint32_t i = 1; i < g.node_count; i++) { /* how far C's files read into each source */
+        const node_t *node = &g.nodes[i];
+        if (node->kind == FILE_NATIVE && node->offset + node->size > g.sources[node->source].extent)
+            g.sources[node->source].extent = node->offset + node->size;
+    }
     Py_DECREF(key_index);
     Py_DECREF(queue);
     Py_DECREF(name_offsets);
     return Py_BuildValue("(NKK)", keys, native_files, python_files);
 fail:
-    free(extents);
     Py_XDECREF(keys);
     Py_XDECREF(key_index);
     Py_XDECREF(queue);
