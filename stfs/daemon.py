@@ -162,6 +162,7 @@ def run_background(make_plan: Callable[[], MountPlan], mountpoint: str, log_file
     pid = os.fork()  # before any thread exists: the source's and libfuse's threads start in the child
     if pid == 0:
         os.close(read_end)
+        _close_inherited(keep=write_end)
         _daemon_main(make_plan, log_file, write_end)
     os.close(write_end)
     try:
@@ -179,6 +180,16 @@ def run_background(make_plan: Callable[[], MountPlan], mountpoint: str, log_file
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
     raise errors.MountError(f"{os.path.abspath(mountpoint)}: mount failed: no answer (log: {log_file})")
+
+
+def _close_inherited(keep: int) -> None:
+    """Close every descriptor the daemon inherited but stdin, stdout, stderr and ``keep``.
+
+    What its starter handed down (the lock of ``flock LOCK stfs mount ...``, a pipe a script waits on) would
+    otherwise stay held for the life of the mount; the daemon opens its sources itself, after this.
+    """
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
 
 
 def _messages(read_end: int) -> Iterator[tuple[str, str]]:

@@ -378,6 +378,25 @@ def test_background_mount_and_unmount_commands(tmp_path, rich: str, require_fuse
     assert run(["stfs", "unmount", str(mnt)]).returncode == 1
 
 
+def test_the_daemon_keeps_no_descriptor_its_starter_held(tmp_path, rich: str, require_fuse: None) -> None:  # noqa: ANN001
+    """``flock LOCK stfs mount ...`` hands the lock's descriptor down: the daemon must not hold it while mounted."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    lock = tmp_path / "lock"
+    result = run(["flock", str(lock), "stfs", "mount", rich, str(mnt)])
+    try:
+        assert result.returncode == 0, result.stderr
+        pid = daemon_pid(str(mnt))
+        assert pid
+        held = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        assert str(lock) not in held
+        assert run(["flock", "-n", str(lock), "true"]).returncode == 0, "the daemon still holds the lock"
+        assert read_file(tensor_path(str(mnt), "scalar")) == tensor_bytes(rich, "scalar")
+    finally:
+        run(["stfs", "unmount", str(mnt)])
+    assert not os.path.ismount(mnt)
+
+
 def test_invalid_model_is_refused_and_nothing_mounted(tmp_path, require_fuse: None) -> None:  # noqa: ANN001
     bad = write_header(
         str(tmp_path / "bad.safetensors"), {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, data=b"\0" * 4
