@@ -28,6 +28,7 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # else mfusepy may load libfuse2 (128 KiB requests)
@@ -35,6 +36,7 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # else mfusepy may load lib
 import mfusepy  # noqa: E402
 from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
 
+from . import stopping  # noqa: E402
 from .nodes import Decoded, DirNode, FileNode, Node, Range, ShardData, clamp, pieces  # noqa: E402
 from .sources import PAGE, ByteSource, SpliceSource  # noqa: E402
 from .stats import Stats, counted, from_environment  # noqa: E402
@@ -103,6 +105,7 @@ class StfsFUSE(mfusepy.FUSE):
             native.close()
 
     def init_fuse_3(self, conn: Any, config: Any) -> None:
+        stopping.watch(_session_exited())
         info = conn.contents
         info.max_read = self._max_read  # libfuse aborts unless it equals the max_read mount option
         if self._splice and info.capable & FUSE_CAP_SPLICE_WRITE:
@@ -110,6 +113,23 @@ class StfsFUSE(mfusepy.FUSE):
         # else every reply is memory, which with splice-write on libfuse would first copy into a pipe of its own
         # (fuse_lowlevel.c, fuse_send_data_iov); off, it is written to /dev/fuse as is
         super().init_fuse_3(conn, config)
+
+    def destroy(self, private_data: Any) -> None:
+        stopping.watch(stopping.always)  # libfuse frees the session after this: never ask it again
+        super().destroy(private_data)
+
+
+def _session_exited() -> Callable[[], bool]:
+    """The check of the mark libfuse's SIGTERM/SIGINT handlers set on this mount's session (called in INIT, a
+    thread of the session's, where ``fuse_get_context`` knows it)."""
+    library = mfusepy._libfuse
+    library.fuse_get_session.restype = ctypes.c_void_p
+    library.fuse_get_session.argtypes = [ctypes.c_void_p]
+    library.fuse_session_exited.restype = ctypes.c_int
+    library.fuse_session_exited.argtypes = [ctypes.c_void_p]
+    session = library.fuse_get_session(library.fuse_get_context().contents.fuse)
+    exited = library.fuse_session_exited
+    return lambda: bool(exited(session))
 
 
 class Reader:

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from cachetools import LRUCache
 
+from . import stopping
 from .format import DTYPE_BITS, TensorEntry
 from .nodes import ReadInto, Summary
 
@@ -52,7 +53,7 @@ class TensorBytes:
 
     def chunks(self, values: int = CHUNK_VALUES) -> Iterator[tuple[int, memoryview]]:
         """(index of its first value, its bytes) for each chunk of about ``values`` values, in order; the bytes are
-        overwritten by the next chunk. ``OSError`` if the source is short."""
+        overwritten by the next chunk. ``OSError`` if the source is short, ``stopping.Stopping`` if the mount is."""
         group_values, group_bytes = groups(self.entry.dtype)
         step = max(1, values // group_values) * group_bytes
         size = self.entry.size
@@ -60,6 +61,7 @@ class TensorBytes:
         span = (self.offset, self.offset + size)  # a remote source reads ahead within the tensor
         done = 0
         while done < size:
+            stopping.give_up_if_requested(self.key)  # a stop must not wait for the rest of a big tensor
             piece = buffer[: min(step, size - done)]
             if self.read_source(self.key, self.offset + done, piece, span) != len(piece):
                 raise OSError(f"{self.key}: short read at byte {self.offset + done}")

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import mmap
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -482,6 +484,50 @@ def test_sigterm_during_reads_unmounts_cleanly(
         assert all(word.startswith("error") for word in words), words
         assert not os.path.ismount(mountpoint) and not is_dead_mount(mountpoint)
     _remount_works(big_model, mountpoint)
+
+
+def sparse_model(path: str, size: int) -> str:
+    """One F32 tensor of ``size`` bytes of zeros, a hole in the file: gigabytes at no cost of disk or time."""
+    header = json.dumps({"t": {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as stream:
+        stream.write(struct.pack("<Q", len(header)) + header)
+        stream.truncate(8 + len(header) + size)
+    return path
+
+
+def bytes_read(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as stream:
+        return int(next(line for line in stream if line.startswith("rchar:")).split()[1])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_gives_up_a_summary_being_made(tmp_path: os.PathLike, require_fuse: None, signum: int) -> None:
+    """SIGTERM or SIGINT while ``stats/`` of a 16 GiB tensor is being made (many seconds of work): the daemon gives
+    the summary up at its next chunk and exits; the reader gets an error and the log says why."""
+    source = sparse_model(os.path.join(str(tmp_path), "big.safetensors"), 16 << 30)
+    mountpoint = os.path.join(str(tmp_path), "mnt")
+    log = os.path.join(str(tmp_path), "stfs.log")
+    with background_mount(source, mountpoint, "--view", "stats", "--log-file", log) as pid:
+        reader = subprocess.Popen(
+            ["cat", os.path.join(mountpoint, "stats", "t.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while bytes_read(pid) < 64 * MIB and time.monotonic() < deadline:  # the summary is under way
+                time.sleep(0.01)
+            os.kill(pid, signum)
+            assert wait_gone(pid), "the daemon went on making the summary"
+            out, _ = reader.communicate(timeout=30)
+        finally:
+            if reader.poll() is None:
+                if _alive(pid):  # first: a read the daemon holds cannot be killed
+                    os.kill(pid, signal.SIGKILL)  # our own daemon, by PID
+                reader.kill()
+                reader.wait()
+        assert reader.returncode != 0 and out == b""
+    with open(log) as stream:
+        assert "given up, the mount is stopping" in stream.read()
 
 
 def test_eight_threads_fault_one_mapping_of_a_large_tensor(mount: MountFn, tmp_path: os.PathLike) -> None:

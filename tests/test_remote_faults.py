@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stfs.daemon import daemon_pid
+from stfs.daemon import daemon_pid, is_dead_mount
 from tests.helpers import MountFn, changed, read_cold, run, tensor_path
 from tests.models import tensor_bytes, write_numpy, write_sharded
 from tests.remote_helpers import MIB, wait_for, walk
@@ -156,6 +157,41 @@ def test_unmount_is_not_held_up_by_a_wedged_fetch(proxied: tuple, tmp_path: Path
     finally:
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_does_not_wait_out_the_retries(proxied: tuple, tmp_path: Path, signum: int) -> None:
+    """SIGTERM or SIGINT while a read retries against a server that keeps failing: the daemon gives the retries up
+    and exits, where it used to wait out --timeout (600 s here)."""
+    proxy, url, _ = proxied
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "stfs.log"
+    assert (
+        run(
+            [sys.executable, "-m", "stfs", "mount", url, str(mnt), "--timeout", "600", "--log-file", str(log)]
+        ).returncode
+        == 0
+    )
+    pid = daemon_pid(str(mnt))
+    reader = None
+    try:
+        assert pid
+        proxy.fail_next(1_000_000, status=503)
+        reader = subprocess.Popen(["cat", tensor_path(str(mnt), "layers.2.weight")], stdout=subprocess.DEVNULL)
+        wait_for(lambda: proxy.stats().failed >= 2, 30, "the read's retries")
+        os.kill(pid, signum)
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 30, "the daemon's exit")
+        assert reader.wait(timeout=30) != 0
+    finally:
+        if pid and os.path.exists(f"/proc/{pid}"):  # first: a read the daemon holds cannot be killed
+            os.kill(pid, signal.SIGKILL)  # our own daemon, by PID: it would retry for 600 s
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()
+        if os.path.ismount(mnt) or is_dead_mount(str(mnt)):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
+    assert "given up, the mount is stopping" in log.read_text()
 
 
 # --- an object replaced under the mount ------------------------------------------------------------------

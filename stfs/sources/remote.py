@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from .. import stopping
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, PAGE, FileInfo, Kind, SharedBlocks, SourceChanged
 from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache
@@ -597,6 +598,7 @@ class RemoteFiles:
                     if isinstance(exc, OSError) and not type(exc).__module__.startswith("obstore"):
                         raise
                     raise OSError(_one_line(exc)) from exc
+                stopping.give_up_if_requested(pin.key if pin else "a first read")  # not --timeout more of retries
                 log.debug("retrying %s after %s", pin.key if pin else "a first read", _one_line(exc))
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
