@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import random
-import re
 import shutil
 import signal
 import statistics
@@ -55,13 +54,24 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MIB = 1 << 20
-PAGE = 4096
-SMALL_TENSOR = 1000  # bytes before the big tensor: its offset is 8 + header + 1000, not page-aligned
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts.benchlib import (  # noqa: E402
+    MIB,
+    MOUNT_ARGS,
+    PAGE,
+    REPO,
+    STFS_REPO,
+    cpu_seconds,
+    dd_seconds,
+    environment,
+    log,
+    proc_fields,
+    random_fill,
+    stfs_command,
+    write_model,
+)
 
-MOUNT_ARGS: list[str] = []  # --mount-arg: more `stfs mount` arguments for every mount
-STFS_REPO = [REPO]  # the checkout whose stfs the mounts run (--stfs; the ab section switches it run by run)
+SMALL_TENSOR = 1000  # bytes before the big tensor: its offset is 8 + header + 1000, not page-aligned
 
 TARGETS = {
     "first_ratio": (">=", 0.25),
@@ -83,37 +93,8 @@ TARGETS = {
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-def environment() -> dict[str, str]:
-    env = dict(os.environ, LC_ALL="C")
-    env["PYTHONPATH"] = STFS_REPO[0] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def stfs_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "stfs", *args]
-
-
-def dd_seconds(path: str, skip: int = 0, count: int | None = None) -> float:
-    """Seconds dd reports for copying the range to /dev/null with 1 MiB blocks."""
-    command = ["dd", f"if={path}", "of=/dev/null", "bs=1M"]
-    if skip or count is not None:
-        command.append("iflag=skip_bytes,count_bytes")
-        command.append(f"skip={skip}")
-        if count is not None:
-            command.append(f"count={count}")
-    result = subprocess.run(command, capture_output=True, text=True, env=environment(), check=True)
-    match = re.search(r"copied, ([0-9.e+-]+) s", result.stderr)
-    if not match:
-        raise RuntimeError(f"cannot parse dd output: {result.stderr!r}")
-    return float(match.group(1))
 
 
 def drop_from_page_cache(path: str) -> None:
@@ -151,56 +132,12 @@ def meminfo_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def proc_fields(pid: int, name: str) -> dict[str, int]:
-    """``kB`` fields of /proc/PID/status or smaps_rollup, in bytes."""
-    values: dict[str, int] = {}
-    with open(f"/proc/{pid}/{name}") as stream:
-        for line in stream:
-            parts = line.split()
-            if len(parts) >= 3 and parts[2] == "kB":
-                values[parts[0].rstrip(":")] = int(parts[1]) * 1024
-    return values
-
-
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
 # ---------------------------------------------------------------------------------------------- models
-
-
-def write_model(path: str, tensors: list[tuple[str, str, list[int], int]], fill: Callable[[Any, int], None]) -> int:
-    """Write a safetensors file by hand; ``tensors`` are (name, dtype, shape, nbytes); return the header length."""
-    header: dict[str, Any] = {}
-    position = 0
-    for name, dtype, shape, size in tensors:
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [position, position + size]}
-        position += size
-    body = json.dumps(header, separators=(",", ":")).encode()
-    body += b" " * (-len(body) % 8)
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as stream:
-        stream.write(struct.pack("<Q", len(body)))
-        stream.write(body)
-        fill(stream, position)
-    os.replace(temporary, path)
-    return len(body)
-
-
-def random_fill(seed: int) -> Callable[[Any, int], None]:
-    """A ``write_model`` fill of random bytes, quickly: a 16 MiB chunk, rotated so no page repeats."""
-
-    def fill(stream: Any, total: int) -> None:
-        chunk = random.Random(seed).randbytes(16 * MIB)
-        written = 0
-        while written < total:
-            piece = chunk[: min(len(chunk), total - written)]
-            stream.write(piece)
-            written += len(piece)
-            chunk = chunk[7:] + chunk[:7]  # not the same page twice
-
-    return fill
 
 
 def big_model(folder: str, size: int) -> tuple[str, int, int]:
@@ -873,13 +810,6 @@ def timed_python(code: str, path: str) -> float:
     return float(result.stdout)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stream:
-        fields = stream.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def bench_views(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Each run on a fresh mount: raw, npy, raw again, f32 (each ratio against the raw read just before it)."""
     size = args.size_mib * MIB
@@ -1108,8 +1038,6 @@ def table(results: dict[str, Any]) -> str:
                 single = cref[f"{key}_1thread_us"]
                 add(f"ab: {key}_us vs the C reference, one thread", f"{this[f'{key}_us'] / single:.2f}x ({single:.3g})")
     if "remote" in results:
-        if REPO not in sys.path:
-            sys.path.insert(0, REPO)
         from scripts import bench_remote
 
         bench_remote.table_rows(results["remote"], add)
@@ -1195,14 +1123,8 @@ def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 def bench_remote(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """scripts/bench_remote.py (its servers are the tests' own, tests/servers.py)."""
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
-    from scripts import bench as imported
-    from scripts import bench_remote
+    from scripts import bench_remote  # here: its servers need nginx and the tests' helpers
 
-    # Run as a script this module is __main__; bench_remote imports it again as scripts.bench: --stfs goes there too
-    imported.STFS_REPO[:] = STFS_REPO
-    imported.MOUNT_ARGS[:] = MOUNT_ARGS
     bench_remote.bench_remote(args, results)
 
 

@@ -23,7 +23,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from scripts import bench  # noqa: E402
+from scripts import bench, benchlib  # noqa: E402
 
 
 def main() -> int:
@@ -61,12 +61,12 @@ def main() -> int:
                 checkout, *settings = rest.split(",")
                 saved = dict(os.environ)
                 os.environ.update(dict(setting.split("=", 1) for setting in settings))
-                bench.STFS_REPO[0] = os.path.abspath(checkout)
+                benchlib.STFS_REPO[0] = os.path.abspath(checkout)
                 try:
                     bench.warm(source)
                     with bench.mounted(source, os.path.join(args.data, "mnt"), [], stats=False) as mount:
                         if args.rss:
-                            value = bench.proc_fields(mount.pid, "status")["RssAnon"] / bench.MIB
+                            value = benchlib.proc_fields(mount.pid, "status")["RssAnon"] / benchlib.MIB
                         else:
                             value = bench.find_seconds(mount.mountpoint)
                 finally:

@@ -38,7 +38,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts.bench import MIB, dd_seconds, environment, log, mounted, peak_rss_while  # noqa: E402
+from scripts.bench import mounted, peak_rss_while  # noqa: E402
+from scripts.benchlib import MIB, dd_seconds, environment, log  # noqa: E402
 
 TARGETS = {"stats_vs_dd": 3.0, "png_vs_dd": 4.0}
 

@@ -41,9 +41,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts.bench import (  # noqa: E402
+from scripts.benchlib import (  # noqa: E402
     MIB,
     STFS_REPO,
+    cpu_seconds,
     dd_seconds,
     environment,
     log,
@@ -179,12 +180,6 @@ def peak_memory_while(pid: int, work: Callable[[], float]) -> tuple[float, int]:
     finally:
         done.set()
         sampler.join()
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stream:
-        fields = stream.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed_cat(paths: list[str]) -> float:

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from scripts import bench_remote  # noqa: E402
-from scripts.bench import STFS_REPO, dd_seconds  # noqa: E402
+from scripts.benchlib import STFS_REPO, dd_seconds  # noqa: E402
 from tests.servers import Nginx  # noqa: E402
 
 
