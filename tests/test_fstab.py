@@ -8,7 +8,9 @@ mount(8) clears PATH before it runs mount.fuse3, whose shell then finds ``stfs``
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -331,3 +333,23 @@ def test_o_keep_source_cache(mount: MountFn, tmp_path: Path) -> None:
         fincore = run(["fincore", "--bytes", "--noheadings", "--output", "RES", source])
         resident[bool(options)] = int(fincore.stdout.split()[0])
     assert resident[True] >= 16 << 20 > 4 * resident[False], resident
+
+
+def test_o_direct_io_as_readme_says(mount: MountFn, tmp_path: Path) -> None:
+    """libfuse's ``-o direct_io`` passes through: the bytes are the source's (``cmp``), a private ``mmap`` works and
+    a shared one fails with ENODEV, as README says."""
+    source = write_numpy(str(tmp_path / "m.safetensors"), {"w": np.arange(1 << 20, dtype=np.float32)})
+    mnt = mount(source, options=["direct_io"])
+    served = os.path.join(mnt, "files", "m.safetensors")
+    assert run(["cmp", served, source]).returncode == 0
+    with open(os.path.join(mnt, "tensors", "w"), "rb") as stream:
+        assert stream.read() == np.arange(1 << 20, dtype=np.float32).tobytes()
+    fd = os.open(served, os.O_RDONLY)
+    try:
+        with mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as mapped:
+            assert mapped[:] == Path(source).read_bytes()
+        with pytest.raises(OSError) as raised:
+            mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        assert raised.value.errno == errno.ENODEV
+    finally:
+        os.close(fd)
