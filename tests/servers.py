@@ -1050,6 +1050,7 @@ class _Faults:
     stall_after: int = 0
     stall_seconds: float = 0.0
     ignore_range: bool = False
+    rate: float = 0.0  # body bytes a second on every response, 0 unlimited
     on_request: Callable[[int, str, str], None] | None = None
 
 
@@ -1069,6 +1070,7 @@ class FaultProxy:
     - ``stall_next(n, after_bytes, seconds)``: pause those responses mid-body (a server that hangs);
     - ``set_latency(seconds)``: delay every request before forwarding it;
     - ``set_ignore_range(True)``: drop Range and If-Range, so the upstream answers 200 with the whole body;
+    - ``set_rate(bytes_per_second)``: send bodies no faster than that (a slow link), 0 unlimited;
     - ``on_request(callback)``: call ``callback(number, method, target)`` before each request goes upstream,
       e.g. to replace the object after the header was read.
     """
@@ -1140,6 +1142,10 @@ class FaultProxy:
     def set_ignore_range(self, ignore: bool = True) -> None:
         with self._lock:
             self._faults.ignore_range = ignore
+
+    def set_rate(self, bytes_per_second: float) -> None:
+        with self._lock:
+            self._faults.rate = bytes_per_second
 
     def on_request(self, callback: Callable[[int, str, str], None] | None) -> None:
         with self._lock:
@@ -1270,6 +1276,7 @@ class FaultProxy:
         stall_seconds = 0.0
         with self._lock:
             faults = self._faults
+            rate = faults.rate
             if faults.reset_count > 0 and longer_than(faults.reset_after):
                 faults.reset_count -= 1
                 reset_at = faults.reset_after
@@ -1310,9 +1317,19 @@ class FaultProxy:
             sent += len(piece)
             if following is None:
                 self._record(replace(record, status=status, body_bytes=sent, faults=tuple(applied)))
-            client.sendall(piece)
+            if rate > 0:
+                self._trickle(client, piece, rate)
+            else:
+                client.sendall(piece)
         framed = no_body or length is not None or "chunked" in (response.get("transfer-encoding") or "").lower()
         return framed and (response.get("connection") or "").lower() != "close"
+
+    def _trickle(self, client: socket.socket, piece: bytes, rate: float) -> None:
+        step = 4096
+        for start in range(0, len(piece), step):
+            client.sendall(piece[start : start + step])
+            if self._stopping.wait(step / rate):
+                return
 
     def _answer(self, client: socket.socket, status: int, retry_after: str | None) -> None:
         body = f"injected {status}\n".encode()

@@ -103,6 +103,16 @@ def test_reads_succeed_through_transient_faults(fault: str, proxied: tuple, moun
         assert stats.failed >= 3
 
 
+def test_a_slow_link_is_not_a_stalled_one(proxied: tuple, mount: MountFn) -> None:
+    """Bytes that keep coming, only slowly (400 KB/s, so 1 MiB takes longer than ``--timeout 2``), are a slow link,
+    not a stalled server: the read waits for them and gets the tensor (a block is read with the socket's
+    low-water mark at 1 MiB, which must not turn into a timeout there)."""
+    proxy, url, tensors = proxied
+    mnt = mount(url, options=["timeout=2"])
+    proxy.set_rate(400_000)
+    assert read_in_thread(tensor_path(mnt, "layers.1.weight"), deadline=60) == tensors["layers.1.weight"]
+
+
 def test_a_stalled_server_gives_eio_within_the_timeout_then_the_mount_recovers(proxied: tuple, mount: MountFn) -> None:
     proxy, url, tensors = proxied
     mnt = mount(url, options=["timeout=3"])

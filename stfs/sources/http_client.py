@@ -15,9 +15,12 @@ import http.client
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
+from collections.abc import Callable
 
 LOW_WATER = 1 << 20  # SO_RCVLOWAT while a large body is read: a wake-up (and a GIL hand-off) per MiB, not per packet
+SLICE = 256 << 10  # a body is read in pieces of this, each reported to ``progress``: a slow link shows it is moving
 
 
 class StatusError(OSError):
@@ -47,8 +50,16 @@ class HttpClient:
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
-    def get_into(self, path: str, lo: int, into: memoryview, etag: str | None = None) -> None:
-        """Fill ``into`` with the bytes of ``/path`` from ``lo`` (one ``Range`` GET, ``If-Match: etag``)."""
+    def get_into(
+        self,
+        path: str,
+        lo: int,
+        into: memoryview,
+        etag: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Fill ``into`` with the bytes of ``/path`` from ``lo`` (one ``Range`` GET, ``If-Match: etag``); each piece
+        of the body read is reported to ``progress`` (its length) as it arrives."""
         hi = lo + len(into)
         headers = dict(self.headers, Range=f"bytes={lo}-{hi - 1}")
         if etag:
@@ -69,14 +80,12 @@ class HttpClient:
             if not content_range.startswith(expected):
                 connection.close()
                 raise OSError(f"asked for bytes {lo}-{hi}, the server sent {content_range or 'no Content-Range'}")
+            told = progress or _ignore
             done = 0
             if not self.https and len(into) > 2 * LOW_WATER:
-                done = _read_batched(response, connection, into)
+                done = _read_batched(response, connection, into, self.timeout, told)
             while done < len(into):
-                got = response.readinto(into[done:])
-                if not got:
-                    raise OSError(f"the connection closed after {done} of {len(into)} bytes")
-                done += got
+                done += _read_piece(response, into, done, min(len(into), done + SLICE), told)
         except BaseException:
             connection.close()
             raise
@@ -101,19 +110,44 @@ class HttpClient:
             self._idle.append(connection)
 
 
-def _read_batched(response: http.client.HTTPResponse, connection: http.client.HTTPConnection, into: memoryview) -> int:
+def _ignore(count: int) -> None:
+    pass
+
+
+def _read_piece(
+    response: http.client.HTTPResponse, into: memoryview, start: int, end: int, progress: Callable[[int], None]
+) -> int:
+    """Read bytes ``[start, end)`` of the body into ``into``; their count, reported to ``progress``."""
+    got = response.readinto(into[start:end])
+    if not got:
+        raise OSError(f"the connection closed after {start} of {len(into)} bytes")  # the caller closes it
+    progress(got)
+    return got
+
+
+def _read_batched(
+    response: http.client.HTTPResponse,
+    connection: http.client.HTTPConnection,
+    into: memoryview,
+    timeout: float,
+    progress: Callable[[int], None],
+) -> int:
     """Read all but the last ``LOW_WATER`` bytes of the body into ``into`` with the socket's low-water mark at
     ``LOW_WATER`` (each wake-up brings at least that much); the count read. The mark is back at 1 byte before the
     tail: more than the mark is still to come from the socket throughout, so no read waits for bytes never sent.
-    Plain HTTP only: TLS takes bytes off the socket ahead of what it hands over."""
+    Plain HTTP only: TLS takes bytes off the socket ahead of what it hands over.
+
+    Only on a link that brought the first ``SLICE`` fast enough for ``LOW_WATER`` to come well within ``timeout``:
+    with the mark set a read waits for that much, and on a slower link it would time out while bytes still come.
+    """
+    started = time.monotonic()
+    done = _read_piece(response, into, 0, SLICE, progress)
+    if (time.monotonic() - started) * (LOW_WATER / done) * 8 > timeout:
+        return done  # a slow link: the rest one slice at a time, no mark
     sock = connection.sock
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, LOW_WATER)
-    done = 0
     while done < len(into) - LOW_WATER:
-        got = response.readinto(into[done : len(into) - LOW_WATER])
-        if not got:
-            raise OSError(f"the connection closed after {done} of {len(into)} bytes")  # the caller closes it
-        done += got
+        done += _read_piece(response, into, done, min(done + LOW_WATER, len(into) - LOW_WATER), progress)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
     return done
 

@@ -215,6 +215,7 @@ class RemoteFiles:
         self._closed = False
         self.requests = 0
         self.bytes_fetched = 0
+        self._arrived = 0  # pieces of bodies arrived: how a waiting reader sees a slow link move
         self.ignores_range = False
         if prefault:  # a mount: the slots a sequential reader cycles through, faulted in while the header is read
             threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
@@ -543,7 +544,7 @@ class RemoteFiles:
             into[:] = self._get_range(pin, lo, lo + len(into))
             return into
         try:
-            client.get_into(self.transport.path(pin.key), lo, into, pin.etag)
+            client.get_into(self.transport.path(pin.key), lo, into, pin.etag, self._moving)
         except Exception as exc:
             if _kind_of(exc) != "no-range" or self.ranges_required:
                 raise
@@ -628,12 +629,21 @@ class RemoteFiles:
             self.bytes_fetched += size
         return cast(T, result)
 
+    def _moving(self, count: int) -> None:
+        self._arrived += 1  # unlocked: a lost step still leaves the count moved, all a waiting reader asks
+
     def _wait(self, future: Future, deadline: float) -> None:
-        remaining = deadline - time.monotonic()
-        try:
-            future.result(timeout=max(0.0, remaining))
-        except FutureTimeout:
-            raise OSError(f"no answer from the server within {self.timeout:g} s") from None
+        """Wait for ``future`` until ``deadline``, then on for as long as bytes keep arriving (from any of this
+        source's fetches, the one awaited perhaps queued behind them): a slow link is not a stalled server."""
+        while True:
+            seen = self._arrived
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+                return
+            except FutureTimeout:
+                if self._arrived == seen:
+                    raise OSError(f"no answer from the server within {self.timeout:g} s") from None
+                deadline = time.monotonic() + self.timeout
 
     def _read_ahead(self, pin: _Pin, offset: int, count: int, low: int, high: int) -> tuple[int, int] | None:
         """Follow the readers of ``pin``'s file and start fetching ahead of a sequential one; what a read may fetch
