@@ -130,7 +130,7 @@ def _timeout(parser: argparse.ArgumentParser) -> None:
         type=_option_type(seconds),
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
-        help=f"remote sources: a read gives up with EIO after this long (default {DEFAULT_TIMEOUT:g})",
+        help=f"remote sources: a read gives up with EIO after this long without a byte (default {DEFAULT_TIMEOUT:g})",
     )
 
 
