@@ -103,12 +103,39 @@ def test_reads_succeed_through_transient_faults(fault: str, proxied: tuple, moun
         assert stats.failed >= 3
 
 
-def test_a_slow_link_is_not_a_stalled_one(proxied: tuple, mount: MountFn) -> None:
-    """Bytes that keep coming, only slowly (400 KB/s, so 1 MiB takes longer than ``--timeout 2``), are a slow link,
-    not a stalled server: the read waits for them and gets the tensor (a block is read with the socket's
-    low-water mark at 1 MiB, which must not turn into a timeout there)."""
-    proxy, url, tensors = proxied
-    mnt = mount(url, options=["timeout=2"])
+@pytest.mark.parametrize("where", ["http", "hub", "s3"])
+def test_a_slow_link_is_not_a_stalled_one(
+    where: str,
+    nginx: Nginx,
+    fault_proxy: Callable[[str], FaultProxy],
+    mount: MountFn,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bytes that keep coming, only slowly (400 KB/s: a tensor's 2 MiB take longer than ``--timeout 2``), are a slow
+    link, not a stalled server: the read waits for them and gets the tensor. Over HTTP stfs's client reads the
+    body (with the socket's low-water mark at 1 MiB on a fast link, never on this one); from the Hub's CDN and S3,
+    obstore's GETs, each of which must come whole within the timeout."""
+    data, tensors = model_bytes(tmp_path, 1)
+    if where == "http":
+        nginx.put("m.safetensors", data)
+        proxy = fault_proxy(nginx.url)
+        source = f"{proxy.url}/m.safetensors"
+    elif where == "hub":
+        hub: FakeHub = request.getfixturevalue("hub")
+        hub.publish_repo("org", "repo", {"model.safetensors": data})
+        proxy = fault_proxy(hub.nginx.cdn_url)
+        hub.nginx.set_redirect_base(proxy.url)
+        source = "hf://org/repo"
+    else:
+        s3: S3 = request.getfixturevalue("s3")
+        s3.create_bucket("bucket")
+        s3.put_object("bucket", "m.safetensors", data)
+        proxy = fault_proxy(s3.endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        source = "s3://bucket/m.safetensors"
+    mnt = mount(source, options=["timeout=2"])
     proxy.set_rate(400_000)
     assert read_in_thread(tensor_path(mnt, "layers.1.weight"), deadline=60) == tensors["layers.1.weight"]
 

@@ -65,6 +65,7 @@ JUMP_PROOF = 16 * MIB  # read on from a jump before it counts as sequential (a 4
 HEADER_PROOF = 2 * MIB  # the same from a header (the first read's bytes): dd of files/ is sequential from there
 PREFAULT_EXTRA = 4  # slots faulted in at mount: twice the window and these (a reader's own, lent to pipes...)
 MAX_STREAMS = 8  # readers followed per file
+SMALLEST_GET = 256 << 10  # through obstore, the first GET of a mount and the smallest on a slow link (below)
 WORKERS = 16
 
 T = TypeVar("T")
@@ -216,6 +217,7 @@ class RemoteFiles:
         self.requests = 0
         self.bytes_fetched = 0
         self._arrived = 0  # pieces of bodies arrived: how a waiting reader sees a slow link move
+        self._get_rate = SMALLEST_GET * 4 / timeout  # bytes/s one obstore GET brought last: sizes the next (below)
         self.ignores_range = False
         if prefault:  # a mount: the slots a sequential reader cycles through, faulted in while the header is read
             threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
@@ -541,7 +543,7 @@ class RemoteFiles:
         a client for that (``Transport.client``), else one ranged GET through obstore, copied."""
         client = self.transport.client()
         if client is None or pin.version:
-            into[:] = self._get_range(pin, lo, lo + len(into))
+            self._get_pieces(pin, lo, into)
             return into
         try:
             client.get_into(self.transport.path(pin.key), lo, into, pin.etag, self._moving)
@@ -550,6 +552,25 @@ class RemoteFiles:
                 raise
             into[:] = self._get_range(pin, lo, lo + len(into))  # streams from the start, as obstore's path does
         return into
+
+    def _get_pieces(self, pin: _Pin, lo: int, into: memoryview) -> None:
+        """Fill ``into`` through obstore in ranged GETs each sized to come within a quarter of ``--timeout`` at the
+        rate the last one came: obstore's timeout is a whole request's, and one GET of a block over a slow link would
+        time out while its bytes still came. Each GET counts as bytes arriving for the readers waiting on them."""
+        done = 0
+        while done < len(into):
+            size = min(len(into) - done, max(SMALLEST_GET, int(self._get_rate * self.timeout / 4)))
+            started = time.monotonic()
+            try:
+                into[done : done + size] = self._get_range(pin, lo + done, lo + done + size)
+            except Exception:
+                if time.monotonic() - started >= self.timeout / 2:  # a timeout, likely: smaller GETs on the retry
+                    self._get_rate = min(self._get_rate, size / (2 * self.timeout))
+                raise
+            if size >= SMALLEST_GET:  # a smaller one (a jump's few bytes) is its round trip, not the link's rate
+                self._get_rate = size / max(time.monotonic() - started, 1e-6)
+            self._moving(size)
+            done += size
 
     def _get_range(self, pin: _Pin, lo: int, hi: int) -> memoryview:
         """One ranged GET of the pinned version (``If-Match`` its ETag, or its S3 VersionId)."""
