@@ -154,6 +154,22 @@ def test_safe_open_through_files_of_a_hub_repository(hub: FakeHub, mount: MountF
                 assert np.array_equal(handle.get_tensor(name), array)
 
 
+def test_a_hub_file_is_resolved_once_then_read_from_the_cdn(hub: FakeHub, mount: MountFn, tmp_path: Path) -> None:
+    """The Hub's ``resolve/`` URL of a file is asked for once (a HEAD with the token), not once a block: every read
+    of the file's bytes after that goes to where it pointed (the CDN), without the token."""
+    local = big_model(tmp_path / "big.safetensors", TENSORS, TENSOR_BYTES)
+    hub.publish_repo("org", "repo", {"big.safetensors": local.read_bytes()})
+    mnt = mount("hf://org/repo")
+    hub.log.clear()
+    hub.cdn_log.clear()
+    assert read_cold(os.path.join(mnt, "files", "big.safetensors")) == local.read_bytes()
+    resolves = [entry for entry in hub.log.entries(at_least=1) if "/resolve/" in entry.uri]
+    assert [entry.method for entry in resolves] == ["HEAD"]
+    reads = hub.cdn_log.entries(at_least=2)
+    assert len(reads) >= 2 and all(entry.method == "GET" and entry.range for entry in reads)
+    assert all(entry.authorization == "" for entry in reads)
+
+
 # --- bytes ----------------------------------------------------------------------------------------------
 
 TENSORS = 6

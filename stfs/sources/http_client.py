@@ -18,9 +18,24 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from typing import Protocol
 
 LOW_WATER = 1 << 20  # SO_RCVLOWAT while a large body is read: a wake-up (and a GIL hand-off) per MiB, not per packet
+MAX_REDIRECTS = 5  # a file's redirects followed on the first server before one leaves it
 SLICE = 256 << 10  # a body is read in pieces of this, each reported to ``progress``: a slow link shows it is moving
+
+
+class RangeClient(Protocol):
+    """What reads a range of a file straight into memory given: ``HttpClient``, ``ResolvingClient``."""
+
+    def get_into(
+        self,
+        path: str,
+        lo: int,
+        into: memoryview,
+        etag: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None: ...
 
 
 class StatusError(OSError):
@@ -46,6 +61,7 @@ class HttpClient:
         self.headers = {"Accept-Encoding": "identity", **headers}
         self.timeout = timeout
         self.query = query
+        self.origin = f"{parts.scheme}://{parts.netloc}"
         self._context = ssl.create_default_context() if self.https else None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -57,16 +73,16 @@ class HttpClient:
         into: memoryview,
         etag: str | None = None,
         progress: Callable[[int], None] | None = None,
+        query: str | None = None,
     ) -> None:
         """Fill ``into`` with the bytes of ``/path`` from ``lo`` (one ``Range`` GET, ``If-Match: etag``); each piece
-        of the body read is reported to ``progress`` (its length) as it arrives."""
+        of the body read is reported to ``progress`` (its length) as it arrives. ``query``: this request's, in place
+        of the client's (a secret as that one is)."""
         hi = lo + len(into)
         headers = dict(self.headers, Range=f"bytes={lo}-{hi - 1}")
         if etag:
             headers["If-Match"] = etag
-        target = "/" + urllib.parse.quote(path.lstrip("/"), safe="/%:@!$&'()*+,;=-._~")
-        if self.query:
-            target += "?" + self.query
+        target = _target(path, self.query if query is None else query)
         connection = self._connection()
         try:
             connection.request("GET", target, headers=headers)
@@ -91,6 +107,29 @@ class HttpClient:
             raise
         self._keep(connection)
 
+    def locate(self, path: str) -> str | None:
+        """Where ``/path`` (with its ``?query``, if any) redirects to (a HEAD, not followed): the ``Location`` of a
+        3xx, ``None`` for a 2xx."""
+        path, _, query = path.partition("?")
+        connection = self._connection()
+        try:
+            connection.request("HEAD", _target(path, query or self.query), headers=self.headers)
+            response = connection.getresponse()
+            response.read()
+            location = response.getheader("Location")
+            if response.status in (301, 302, 303, 307, 308) and location:
+                self._keep(connection)
+                return location
+            if 200 <= response.status < 300:
+                self._keep(connection)
+                return None
+            connection.close()
+            message = f"HEAD of /{path.lstrip('/')}: the server answered with status code: {response.status} "
+            raise StatusError(message + str(response.reason), response.status)
+        except BaseException:
+            connection.close()
+            raise
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
@@ -108,6 +147,79 @@ class HttpClient:
     def _keep(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
             self._idle.append(connection)
+
+
+class ResolvingClient:
+    """Ranged GETs of files served through a redirect (the Hub's ``resolve/`` URLs answer with a signed URL of its
+    CDN): a file's redirect is asked for once (a HEAD, with the token), then its ranges are read from where it
+    points, without the token (the URL is signed) and without a redirect a block. Where the signed URL stops
+    working (401, 403, 404, 410: it expired), it is asked for again, once. A file served in place (a 2xx, no
+    redirect) is read from the first server. Locations are secrets (their queries sign them): in no message."""
+
+    def __init__(self, endpoint: str, prefix: str, headers: dict[str, str], timeout: float) -> None:
+        self._first = HttpClient(endpoint, headers, timeout)
+        self._prefix = urllib.parse.urlsplit(endpoint).path.rstrip("/") + prefix  # "/org/repo/resolve/COMMIT/"
+        self._plain = {name: value for name, value in headers.items() if name.lower() != "authorization"}
+        self._timeout = timeout
+        self._clients: dict[str, HttpClient] = {}  # "scheme://host:port" -> its client
+        self._places: dict[str, tuple[HttpClient, str, str]] = {}  # file -> (client, path there, query)
+        self._lock = threading.Lock()
+
+    def get_into(
+        self,
+        path: str,
+        lo: int,
+        into: memoryview,
+        etag: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """As ``HttpClient.get_into``, of the file ``path`` of the repository at its commit."""
+        for again in (False, True):
+            client, target, query = self._place(path, again)
+            try:
+                client.get_into(target, lo, into, etag, progress, query=query)
+                return
+            except StatusError as exc:
+                if again or client is self._first or exc.status not in (401, 403, 404, 410):
+                    raise
+
+    def close(self) -> None:
+        with self._lock:
+            clients = [self._first, *self._clients.values()]
+        for client in clients:
+            client.close()
+
+    def _place(self, path: str, again: bool) -> tuple[HttpClient, str, str]:
+        with self._lock:
+            found = self._places.get(path)
+        if found is not None and not again:
+            return found
+        here, query = self._prefix + path.lstrip("/"), ""
+        for _ in range(MAX_REDIRECTS):  # the first server's own redirects (a renamed repository) keep the token
+            location = self._first.locate(here if not query else f"{here}?{query}")
+            if location is None:
+                place = (self._first, here, query)
+                break
+            parts = urllib.parse.urlsplit(urllib.parse.urljoin(self._first.origin + here, location))
+            origin = f"{parts.scheme}://{parts.netloc}"
+            if origin != self._first.origin:
+                with self._lock:
+                    client = self._clients.get(origin)
+                    if client is None:
+                        client = self._clients[origin] = HttpClient(origin, self._plain, self._timeout)
+                place = (client, parts.path, parts.query)
+                break
+            here, query = parts.path, parts.query
+        else:
+            raise OSError(f"/{path}: more than {MAX_REDIRECTS} redirects")
+        with self._lock:
+            self._places[path] = place
+        return place
+
+
+def _target(path: str, query: str) -> str:
+    target = "/" + urllib.parse.quote(path.lstrip("/"), safe="/%:@!$&'()*+,;=-._~")
+    return target + "?" + query if query else target
 
 
 def _ignore(count: int) -> None:

@@ -17,7 +17,7 @@ from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
 from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
-from .http_client import HttpClient
+from .http_client import HttpClient, ResolvingClient
 from .remote import Listing, RemoteFiles, Transport
 
 # A revision ends at the first "/", except the Hub's special refs, whose names hold two (huggingface_hub's
@@ -198,6 +198,14 @@ class HubTransport(Transport):
         self.token = token
         self.timeout = timeout
         self.base = f"hf://{repo}@{commit}"
+        self._client: ResolvingClient | None = None
+
+    def client(self) -> ResolvingClient:
+        if self._client is None:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            prefix = f"/{self.repo}/resolve/{self.commit}/"
+            self._client = ResolvingClient(self.endpoint, prefix, headers, self.timeout)
+        return self._client
 
     def make_store(self) -> Any:
         from obstore.store import HTTPStore
