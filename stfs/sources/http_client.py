@@ -18,24 +18,10 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from typing import Protocol
 
 LOW_WATER = 1 << 20  # SO_RCVLOWAT while a large body is read: a wake-up (and a GIL hand-off) per MiB, not per packet
 MAX_REDIRECTS = 5  # a file's redirects followed on the first server before one leaves it
 SLICE = 256 << 10  # a body is read in pieces of this, each reported to ``progress``: a slow link shows it is moving
-
-
-class RangeClient(Protocol):
-    """What reads a range of a file straight into memory given: ``HttpClient``, ``ResolvingClient``."""
-
-    def get_into(
-        self,
-        path: str,
-        lo: int,
-        into: memoryview,
-        etag: str | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> None: ...
 
 
 class StatusError(OSError):

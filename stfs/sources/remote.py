@@ -50,7 +50,7 @@ from .disk_cache import DiskCache
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
 
 if TYPE_CHECKING:
-    from .http_client import RangeClient
+    from .http_client import HttpClient, ResolvingClient
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Transport:
         """``exc`` as it may be raised and shown: another exception of its kind where its text holds a secret."""
         return exc
 
-    def client(self) -> RangeClient | None:
+    def client(self) -> HttpClient | ResolvingClient | None:
         """A client that reads a range straight into memory given (HTTP(S), the Hub); ``None``: through obstore."""
         return None
 
