@@ -115,8 +115,8 @@ def test_a_slow_link_is_not_a_stalled_one(
 ) -> None:
     """Bytes that keep coming, only slowly (400 KB/s: a tensor's 2 MiB take longer than ``--timeout 2``), are a slow
     link, not a stalled server: the read waits for them and gets the tensor. Over HTTP stfs's client reads the
-    body (with the socket's low-water mark at 1 MiB on a fast link, never on this one); from the Hub's CDN and S3,
-    obstore's GETs, each of which must come whole within the timeout."""
+    body (with the socket's low-water mark at 1 MiB on a fast link, never on this one), from the Hub's CDN too; from
+    S3, obstore's GETs, each of which must come whole within the timeout."""
     data, tensors = model_bytes(tmp_path, 1)
     if where == "http":
         nginx.put("m.safetensors", data)
@@ -135,8 +135,8 @@ def test_a_slow_link_is_not_a_stalled_one(
         proxy = fault_proxy(s3.endpoint)
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         source = "s3://bucket/m.safetensors"
+    proxy.set_rate(400_000)  # slow from the start: obstore's first GETs are sized from the mount's first read
     mnt = mount(source, options=["timeout=2"])
-    proxy.set_rate(400_000)
     assert read_in_thread(tensor_path(mnt, "layers.1.weight"), deadline=60) == tensors["layers.1.weight"]
 
 

@@ -39,6 +39,8 @@ class PreconditionError(StatusError):
 class HttpClient:
     """GETs of byte ranges of one server's files, each read into a buffer given (see the module docstring)."""
 
+    lookups = 0  # requests made besides the GETs the caller counts (none here; ResolvingClient's HEADs)
+
     def __init__(self, base: str, headers: dict[str, str], timeout: float, query: str = "") -> None:
         parts = urllib.parse.urlsplit(base)
         self.https = parts.scheme == "https"
@@ -150,6 +152,7 @@ class ResolvingClient:
         self._clients: dict[str, HttpClient] = {}  # "scheme://host:port" -> its client
         self._places: dict[str, tuple[HttpClient, str, str]] = {}  # file -> (client, path there, query)
         self._lock = threading.Lock()
+        self.lookups = 0  # HEADs made: requests besides the GETs the caller counts
 
     def get_into(
         self,
@@ -182,6 +185,8 @@ class ResolvingClient:
             return found
         here, query = self._prefix + path.lstrip("/"), ""
         for _ in range(MAX_REDIRECTS):  # the first server's own redirects (a renamed repository) keep the token
+            with self._lock:
+                self.lookups += 1
             location = self._first.locate(here if not query else f"{here}?{query}")
             if location is None:
                 place = (self._first, here, query)

@@ -217,7 +217,7 @@ class RemoteFiles:
         self.requests = 0
         self.bytes_fetched = 0
         self._arrived = 0  # pieces of bodies arrived: how a waiting reader sees a slow link move
-        self._get_rate = SMALLEST_GET * 4 / timeout  # bytes/s one obstore GET brought last: sizes the next (below)
+        self._get_rate = float("inf")  # bytes/s one obstore GET brought last: sizes the next (_get_pieces)
         self.ignores_range = False
         if prefault:  # a mount: the slots a sequential reader cycles through, faulted in while the header is read
             threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
@@ -341,8 +341,9 @@ class RemoteFiles:
 
     def transfer(self) -> dict[str, int]:
         """What went over the wire so far: requests (a HEAD counts) and body bytes."""
+        client = self.transport.client()
         with self._lock:
-            return {"requests": self.requests, "bytes": self.bytes_fetched}
+            return {"requests": self.requests + (client.lookups if client else 0), "bytes": self.bytes_fetched}
 
     def _list(self, folder: str) -> list[str] | None:
         """The store's listing of ``folder`` (retried as a first contact is), or ``None`` if it cannot list."""
@@ -382,8 +383,12 @@ class RemoteFiles:
         deadline = time.monotonic() + self.timeout
 
         def probe() -> tuple[Any, bytes]:
+            started = time.monotonic()
             result = obstore.get(self._get_store(), path, options={"range": (0, self.first_read)})
-            return result.meta, bytes(result.bytes())
+            head = bytes(result.bytes())
+            if len(head) >= self.first_read:  # a whole first read: the link's rate, as far as one GET tells
+                self._get_rate = min(self._get_rate, len(head) / max(time.monotonic() - started, 1e-6))
+            return result.meta, head
 
         try:
             if self.ignores_range:  # known from another file of this server: do not ask for a range again
@@ -559,7 +564,10 @@ class RemoteFiles:
         time out while its bytes still came. Each GET counts as bytes arriving for the readers waiting on them."""
         done = 0
         while done < len(into):
-            size = min(len(into) - done, max(SMALLEST_GET, int(self._get_rate * self.timeout / 4)))
+            size = len(into) - done
+            budget = self._get_rate * self.timeout / 4  # bytes one GET brings in a quarter of --timeout (inf: unknown)
+            if budget < size:
+                size = min(size, max(SMALLEST_GET, int(budget)))
             started = time.monotonic()
             try:
                 into[done : done + size] = self._get_range(pin, lo + done, lo + done + size)
@@ -571,6 +579,9 @@ class RemoteFiles:
                 self._get_rate = size / max(time.monotonic() - started, 1e-6)
             self._moving(size)
             done += size
+            if done < len(into):
+                with self._lock:
+                    self.requests += 1  # what went over the wire: _call counted the first GET only
 
     def _get_range(self, pin: _Pin, lo: int, hi: int) -> memoryview:
         """One ranged GET of the pinned version (``If-Match`` its ETag, or its S3 VersionId)."""
