@@ -26,14 +26,9 @@ _requested: Callable[[], bool] = never
 
 
 def watch(requested: Callable[[], bool]) -> None:
-    """Make ``requested()`` answer with ``requested``: the mount's own mark of being stopped."""
+    """Make ``give_up_if_requested`` ask ``requested``: the mount's own mark of being stopped."""
     global _requested
     _requested = requested
-
-
-def requested() -> bool:
-    """Whether the mount is being stopped."""
-    return _requested()
 
 
 def give_up_if_requested(what: str) -> None:

@@ -65,7 +65,7 @@ JUMP_PROOF = 16 * MIB  # read on from a jump before it counts as sequential (a 4
 HEADER_PROOF = 2 * MIB  # the same from a header (the first read's bytes): dd of files/ is sequential from there
 PREFAULT_EXTRA = 4  # slots faulted in at mount: twice the window and these (a reader's own, lent to pipes...)
 MAX_STREAMS = 8  # readers followed per file
-SMALLEST_GET = 256 << 10  # through obstore, the first GET of a mount and the smallest on a slow link (below)
+SMALLEST_GET = 256 << 10  # through obstore, the smallest GET on a slow link, and the least that tells a rate
 WORKERS = 16
 
 T = TypeVar("T")
