@@ -38,6 +38,7 @@ from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
 
 from . import stopping  # noqa: E402
 from .nodes import Decoded, DirNode, FileNode, Node, Range, ShardData, clamp, pieces  # noqa: E402
+from .readahead import Readahead  # noqa: E402
 from .sources import PAGE, ByteSource, SpliceSource  # noqa: E402
 from .stats import Stats, counted, from_environment  # noqa: E402
 from .tree import Tree  # noqa: E402
@@ -56,6 +57,7 @@ class StfsOperations(Protocol):
     tree: Tree
     source: ByteSource
     served: bool
+    readahead: Readahead
 
     def node(self, path: str) -> Node: ...
     def file(self, path: str | None, fh: int) -> FileNode: ...
@@ -255,6 +257,7 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
             descriptor is not None or share_blocks is not None,
             ShardData,
         )
+        _native.windows(tree.readahead_kb)
         if share_blocks is not None:
             _native.share_blocks(*share_blocks(Published(keys)))
         budget = getattr(source, "max_open", 0) // 2  # the duplicates must not take the sources' room
@@ -276,6 +279,7 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
         _native.close()
         log.warning("requests are served from Python: the C tables could not be built (%s)", exc)
         return None
+    operations.readahead.answer_in(_native)
     if stats is not None:
         stats.also_count(_native.counts)
     log.info(

@@ -58,6 +58,7 @@ typedef struct {
     uint32_t source;
     uint8_t kind;
     uint8_t name_len;
+    uint16_t readahead_kb; /* a file's own kernel readahead (stfs/readahead.py), 0: the mount's */
 } node_t;
 
 typedef struct {
@@ -140,7 +141,10 @@ static struct {
     uint64_t slot_size;
     uint32_t remote_slot_count;
     remote_slot_t *remote_slots;
-} g = {.size_lock = PTHREAD_MUTEX_INITIALIZER, .cache_fd = -1};
+    int readahead_fd;           /* our dup of the mount's read_ahead_kb setting, -1 none (not root) */
+    unsigned readahead_default; /* KiB */
+    unsigned readahead_now;     /* what the setting holds: written only when an open wants another */
+} g = {.size_lock = PTHREAD_MUTEX_INITIALIZER, .cache_fd = -1, .readahead_fd = -1};
 
 static void count(int call) {
     if (g.stats) __atomic_fetch_add(&g.calls[call], 1, __ATOMIC_RELAXED);
@@ -297,11 +301,25 @@ static int n_readdir(const char *path, void *buf, fuse_fill_dir_t filler, off_t 
     return 0;
 }
 
+/* The kernel gives a file the mount's readahead as it stands when OPEN is answered: set the one this file
+ * wants first (as stfs.readahead.Readahead.opened does). */
+static void open_readahead(const node_t *node) {
+    int fd = __atomic_load_n(&g.readahead_fd, __ATOMIC_ACQUIRE);
+    if (fd < 0) return;
+    unsigned fallback = __atomic_load_n(&g.readahead_default, __ATOMIC_RELAXED);
+    unsigned want = node->readahead_kb && node->readahead_kb < fallback ? node->readahead_kb : fallback;
+    if (__atomic_exchange_n(&g.readahead_now, want, __ATOMIC_ACQ_REL) == want) return;
+    char text[16];
+    int length = snprintf(text, sizeof text, "%u", want);
+    if (pwrite(fd, text, (size_t)length, 0) < 0) return; /* a readahead not set is slower, never wrong */
+}
+
 static int n_open(const char *path, struct fuse_file_info *fi) {
     uint32_t index = lookup(path);
     if (index == 0) return -ENOENT;
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_APPEND))) return -EROFS;
     if (is_dir(&g.nodes[index])) return -EISDIR;
+    open_readahead(&g.nodes[index]);
     count(C_OPEN);
     fi->fh = index; /* the inode, as the Python side answers */
     return 0;
@@ -1262,11 +1280,45 @@ static PyObject *install(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* windows({inode: KiB}): files with a kernel readahead of their own, set as each is opened */
+static PyObject *set_windows(PyObject *self, PyObject *windows) {
+    (void)self;
+    PyObject *key, *value;
+    Py_ssize_t position = 0;
+    if (g.nodes == NULL || !PyDict_Check(windows)) {
+        PyErr_SetString(PyExc_RuntimeError, "build() first, then a dict");
+        return NULL;
+    }
+    while (PyDict_Next(windows, &position, &key, &value)) {
+        unsigned long inode = PyLong_AsUnsignedLong(key), kb = PyLong_AsUnsignedLong(value);
+        if (PyErr_Occurred()) return NULL;
+        if (inode < g.node_count && !is_dir(&g.nodes[inode])) g.nodes[inode].readahead_kb = kb > 0xffff ? 0 : kb;
+    }
+    Py_RETURN_NONE;
+}
+
+/* set_readahead(fd, default_kb): the mount's read_ahead_kb setting, open for writing, and the mount's value */
+static PyObject *set_readahead(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    unsigned int fallback;
+    if (!PyArg_ParseTuple(args, "iI", &fd, &fallback)) return NULL;
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    __atomic_store_n(&g.readahead_default, fallback, __ATOMIC_RELAXED);
+    __atomic_store_n(&g.readahead_now, fallback, __ATOMIC_RELAXED);
+    int old = __atomic_exchange_n(&g.readahead_fd, own, __ATOMIC_ACQ_REL);
+    if (old >= 0) close(old);
+    Py_RETURN_NONE;
+}
+
 /* close(): after the session, close the duplicates (dropping what drop-behind still follows), free the tables. */
 static PyObject *close_tables(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     g.installed = 0;
+    int readahead = __atomic_exchange_n(&g.readahead_fd, -1, __ATOMIC_ACQ_REL);
+    if (readahead >= 0) close(readahead);
     release_tables();
     memset(&g.py, 0, sizeof g.py);
     Py_RETURN_NONE;
@@ -1346,6 +1398,8 @@ static PyMethodDef methods[] = {
     {"publish", publish, METH_VARARGS, "publish(slot, source, block, lo, hi): C may answer reads of those bytes"},
     {"withdraw", withdraw, METH_VARARGS, "withdraw(slot) -> free: C reads the slot no more; no reply holds it"},
     {"changed", mark_changed, METH_VARARGS, "changed(source): C answers none of its reads"},
+    {"windows", set_windows, METH_O, "windows({inode: KiB}): files with a readahead of their own"},
+    {"set_readahead", set_readahead, METH_VARARGS, "set_readahead(fd, default_kb): C sets it as files open"},
     {"install", install, METH_VARARGS, "install(address, size): C callbacks into a struct fuse_operations"},
     {"close", close_tables, METH_NOARGS, "close(): after the session, close descriptors and free the tables"},
     {"counts", counts, METH_NOARGS, "counts() -> (calls, read_sizes, read_bytes) answered in C"},

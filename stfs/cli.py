@@ -159,7 +159,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from .daemon import MountPlan, check_mountpoint, default_log_file, plan_mount, run_background, run_foreground
     from .fuse_conf import check_allow_other, fuse_conf_path
     from .secrets import hide_from_command_line, secrets_of
+    from .stats import hold_dump_signal
 
+    hold_dump_signal()  # before a remote source's threads start, here or in the daemon forked from here
     options = sort_options(args.options)
     views = options.settings.pop("views", [])
     assert isinstance(views, list)

@@ -81,7 +81,8 @@ def plan_mount(
     gc.disable()
     try:
         models = resolve(key, source)
-        tree = build_tree(models, layout, with_chosen(views or []), files=source_files(key, source, models))
+        files = source_files(key, source, models)
+        tree = build_tree(models, layout, with_chosen(views or []), files=files, jump_windows=source.remote)
     finally:
         if collecting:
             gc.enable()
@@ -144,9 +145,12 @@ def _serve(plan: MountPlan, then: Callable[[], None], debug: bool = False) -> No
     # The largest read request whose reply can be spliced here; the kernel asks for no more than max_read.
     options.setdefault("max_read", request_size())
     readahead_kb = max(128, int(options["max_read"]) // 1024)  # type: ignore[call-overload]
-    operations = StfsOperations(
-        plan.tree, plan.files, on_ready=lambda: _after_init(plan.mountpoint, readahead_kb, then)
-    )
+
+    def ready() -> None:
+        operations.readahead.tune(_mount_device(plan.mountpoint), readahead_kb)
+        then()
+
+    operations = StfsOperations(plan.tree, plan.files, on_ready=lambda: _after_init(plan.mountpoint, ready))
     serve(operations, plan.mountpoint, foreground=True, debug=debug, **options)
 
 
@@ -286,8 +290,8 @@ def _redirect_output(log_file: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def _after_init(mountpoint: str, readahead_kb: int, then: Callable[[], None]) -> None:
-    """Once the kernel has taken libfuse's INIT reply, tune readahead, then call ``then`` (in a thread of its own).
+def _after_init(mountpoint: str, then: Callable[[], None]) -> None:
+    """Once the kernel has taken libfuse's INIT reply, call ``then`` (in a thread of its own): it tunes readahead.
 
     Called from the init callback, which runs before libfuse replies to INIT; the kernel then
     clamps the mount's readahead to what INIT negotiated (128 KiB), undoing anything written
@@ -301,26 +305,9 @@ def _after_init(mountpoint: str, readahead_kb: int, then: Callable[[], None]) ->
         except OSError as exc:
             log.error("%s does not answer after INIT: %s", mountpoint, exc)
             return
-        _tune_readahead(mountpoint, readahead_kb)
         then()
 
     threading.Thread(target=run, name="stfs-ready", daemon=True).start()
-
-
-def _tune_readahead(mountpoint: str, readahead_kb: int) -> None:
-    """Set the mount's kernel readahead (the size of FUSE read requests); quietly skipped when not root.
-
-    The kernel starts a FUSE mount at 128 KiB; reads then reach the daemon as 128 KiB requests.
-    """
-    device = _mount_device(mountpoint)
-    if device is None:
-        return
-    path = f"/sys/class/bdi/{device}/read_ahead_kb"
-    try:
-        with open(path, "w") as stream:
-            stream.write(str(readahead_kb))
-    except OSError as exc:
-        log.debug("cannot set %s: %s", path, exc)
 
 
 def _mount_device(mountpoint: str) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from ._libfuse import ENOATTR, FuseOSError, Operations
 from .nodes import DIR_MODE, FILE_MODE, DirNode, FileNode, Node, clamp, file_mode, read_into, tensor_xattrs
+from .readahead import Readahead
 from .sources import PAGE, ByteSource, SourceChanged
 from .tree import NAME_MAX, Tree
 
@@ -78,6 +79,7 @@ class StfsOperations(Operations):
         self._gid = os.getgid()
         self.open_files: dict[int, FileNode] = {}  # by file handle: the file's inode
         self.served = False  # set once the kernel has connected
+        self.readahead = Readahead()  # tuned by the daemon once the mount answers
         self._failed_sources: set[str] = set()
 
     def init(self, path: str) -> None:
@@ -87,6 +89,7 @@ class StfsOperations(Operations):
 
     def destroy(self, path: str) -> None:
         self.source.close()
+        self.readahead.close()
 
     # -- the core every request goes through -------------------------------------------------------------------
 
@@ -175,6 +178,7 @@ class StfsOperations(Operations):
             raise FuseOSError(errno.EROFS)
         if isinstance(node, DirNode):
             raise FuseOSError(errno.EISDIR)
+        self.readahead.opened(self.tree.readahead_kb.get(node.inode, 0))
         self.open_files[node.inode] = node
         return node.inode
 

@@ -115,20 +115,30 @@ def counted(operations: Any, stats: Stats) -> Any:
 class _Counted:
     def __init__(self, operations: Any, stats: Stats) -> None:
         self._operations = operations
-        self._count = stats.count_call
+        self._stats = stats
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._operations, name)
         if not callable(value) or name.startswith("_") or getattr(value, "libfuse_ignore", False):
             return value
-        count = self._count
+        count = self._stats.count_call
 
         @functools.wraps(value)
         def call(*args: Any, **kwargs: Any) -> Any:
             count(name)
             return value(*args, **kwargs)
 
-        return call
+        if name != "read":
+            return call
+        count_read = self._stats.count_read
+
+        @functools.wraps(value)
+        def read(path: str, size: int, offset: int, fh: int) -> bytes:
+            data: bytes = call(path, size, offset, fh)
+            count_read(size, len(data))
+            return data
+
+        return read
 
 
 class _Counters:
@@ -138,6 +148,14 @@ class _Counters:
         self.calls: Counter[str] = Counter()
         self.read_sizes: Counter[int] = Counter()
         self.read_bytes = 0
+
+
+def hold_dump_signal() -> None:
+    """With ``STFS_STATS`` set, block SIGUSR1 in this thread before any other starts (the source's clients,
+    obstore's runtime, libfuse's workers inherit the mask): delivered to a thread that does not block it, its
+    default action would end the daemon instead of dumping the counters."""
+    if os.environ.get(ENVIRONMENT_VARIABLE):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
 
 def from_environment() -> Stats | None:

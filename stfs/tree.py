@@ -93,6 +93,7 @@ class Tree:
         self.root = DirNode(inode=self._take_inode(), mtime_ns=mtime_ns)
         self.data_size = 0
         self.file_count = 0
+        self.readahead_kb: dict[int, int] = {}  # files with a kernel readahead of their own (readahead.py), by inode
 
     @property
     def inode_limit(self) -> int:

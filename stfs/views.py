@@ -25,6 +25,7 @@ from .errors import TreeError
 from .format import DTYPE_BITS, TensorEntry
 from .model import Model, SourceFile
 from .nodes import Decoded, FileNode, Range, Segment, ShardData, Summary
+from .readahead import jump_window_kb
 from .tree import Tree, escape_component
 
 if TYPE_CHECKING:
@@ -38,13 +39,15 @@ def build_tree(
     layout: str = "nested",
     views: tuple[View, ...] | None = None,
     files: list[SourceFile] | None = None,
+    jump_windows: bool = False,
 ) -> Tree:
     """The whole mount: one model at the root, or one folder per model at its name; ``files/`` at the root
-    holds ``files``, the source's own files (``model.source_files``)."""
+    holds ``files``, the source's own files (``model.source_files``), with ``jump_windows`` (a remote source) a
+    readahead of their own for its models' files."""
     mtime = max((shard.header.mtime_ns for model in models for shard in model.shards), default=0)
     tree = Tree(mtime_ns=mtime)
     if files is not None:
-        source_files(tree, files, mtime)
+        source_files(tree, files, mtime, models if jump_windows else ())
     for model in models:
         base = model.name.split("/") if model.name else []
         tree.folder(base, model.mtime_ns)
@@ -184,13 +187,18 @@ def with_chosen(names: Iterable[str]) -> tuple[View, ...]:
     return (*VIEWS, *(CHOSEN[name] for name in dict.fromkeys(names)))
 
 
-def source_files(tree: Tree, files: list[SourceFile], mtime_ns: int) -> None:
+def source_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models: Iterable[Model] = ()) -> None:
     """``files/``: the source's files byte for byte at their paths below SOURCE (each a ``Range`` of itself),
-    so any loader can open ``MNT/files/model.safetensors`` and read only what it touches."""
+    so any loader can open ``MNT/files/model.safetensors`` and read only what it touches. Those that are shards
+    of ``models`` get the kernel readahead of a file a loader jumps into (``readahead.jump_window_kb``)."""
     tree.folder(["files"], mtime_ns)
+    shards = {shard.header.path: shard.header for model in models for shard in model.shards}
     for file in files:
         components = ["files", *(escape_component(part) for part in file.path.split("/"))]
-        tree.add_file(components, file.mtime_ns, (Range(file.key, 0, file.size),))
+        node = tree.add_file(components, file.mtime_ns, (Range(file.key, 0, file.size),))
+        header = shards.get(file.key)
+        if header is not None:
+            tree.readahead_kb[node.inode] = jump_window_kb(entry.size for entry in header.tensors)
 
 
 def _add_metadata(tree: Tree, folder: list[str], metadata: Mapping[str, str], mtime_ns: int) -> None:

@@ -8,16 +8,25 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import signal
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from stfs.daemon import daemon_pid
+from stfs.daemon import daemon_pid, mounted
+from stfs.model import resolve, source_files
+from stfs.nodes import DirNode
+from stfs.readahead import jump_window_kb
+from stfs.sources import LocalFiles
 from stfs.sources.remote import DEFAULT_BLOCK_SIZE
+from stfs.tree import Tree
+from stfs.views import build_tree
 from tests.helpers import MountFn, read_cold, rss_memory, tensor_path
-from tests.models import tensor_bytes
+from tests.models import tensor_bytes, write_sharded
 from tests.remote_helpers import MIB, big_model
 from tests.servers import Nginx
 
@@ -105,17 +114,17 @@ def test_a_jump_to_one_tensor_through_files_fetches_only_around_it(
     assert fetched <= (hi - lo) + 8 + length + 3 * MIB, fetched / (hi - lo)
 
 
-def test_a_smaller_max_read_makes_safe_open_of_one_tensor_fetch_at_most_a_tenth_more(
-    nginx: Nginx, served: tuple[Path, str], mount: MountFn
+@pytest.mark.parametrize("native", ["1", "0"], ids=["C", "Python"])
+def test_safe_open_of_one_tensor_through_files_fetches_at_most_a_tenth_more(
+    native: str, nginx: Nginx, served: tuple[Path, str], mount: MountFn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """README's option for a loader that picks a few tensors: ``-o max_read=131072`` makes the kernel's readahead
-    128 KiB, and the read-around of safe_open's mmap faults stays within a tenth of the tensor and the header."""
+    """At the default options: ``files/m.safetensors`` is opened with a readahead of its own (readahead.py, 128 KiB
+    for these 3 MiB tensors), so the read-around of safe_open's mmap faults stays within a tenth of the tensor and
+    the header (1.7x with the mount's 1008 KiB window)."""
     safetensors = pytest.importorskip("safetensors")
+    monkeypatch.setenv("STFS_NATIVE", native)
     local, url = served
-    mnt = mount(url, options=["max_read=131072"])
-    device = os.stat(mnt).st_dev
-    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as stream:
-        assert int(stream.read()) == 128
+    mnt = mount(url)
     nginx.log.clear()
     bounds = spans(local)
     lo, hi = bounds[7]
@@ -125,6 +134,45 @@ def test_a_smaller_max_read_makes_safe_open_of_one_tensor_fetch_at_most_a_tenth_
     assert got.tobytes() == local.read_bytes()[lo:hi], "not the tensor's bytes"
     fetched = sum(b - a for a, b in fetched_ranges(nginx, "m.safetensors"))
     assert fetched <= 1.1 * ((hi - lo) + bounds[0][0]), fetched / ((hi - lo) + bounds[0][0])
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["C", "Python"])
+def test_a_tensor_opened_after_files_reads_at_the_mounts_whole_window(
+    native: str, nginx: Nginx, served: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The small window is ``files/``'s alone: a ``tensors/`` file opened after it reaches the daemon in requests of
+    ``max_read`` (a cold sequential read, counted by STFS_STATS), and ``files/`` opened again in 128 KiB ones."""
+    monkeypatch.setenv("STFS_NATIVE", native)
+    stats = tmp_path / "stats.json"
+    monkeypatch.setenv("STFS_STATS", str(stats))
+    local, url = served
+    (tmp_path / "mnt").mkdir()
+    with mounted(url, str(tmp_path / "mnt")) as mnt:
+        with open(os.path.join(mnt, "files", "m.safetensors"), "rb") as stream:
+            assert stream.read(8) == local.read_bytes()[:8]
+        tensor = tensor_path(mnt, "layers.5.weight")
+        assert read_cold(tensor) == tensor_bytes(str(local), "layers.5.weight")
+        largest = max(int(size) for size in json.loads(_snapshot(stats))["read_sizes"])
+        assert largest >= 1008 * 1024, json.loads(_snapshot(stats))["read_sizes"]
+        before = json.loads(_snapshot(stats))["read_sizes"]
+        whole = local.read_bytes()
+        assert read_cold(os.path.join(mnt, "files", "m.safetensors"), 5 * MIB, 4 * MIB) == whole[5 * MIB : 9 * MIB]
+        after = json.loads(_snapshot(stats))["read_sizes"]
+        new = {int(size) for size, count in after.items() if count > before.get(size, 0)}
+        assert new and max(new) <= 128 * 1024, after
+
+
+def _snapshot(stats: Path) -> str:
+    """The daemon's counters now: it writes them on SIGUSR1 (stfs/stats.py)."""
+    pid = daemon_pid(str(stats.parent / "mnt"))
+    assert pid
+    stats.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while not stats.exists() or not stats.read_text().endswith("}"):
+        assert time.monotonic() < deadline, "the daemon wrote no counters"
+        time.sleep(0.05)
+    return stats.read_text()
 
 
 def test_the_block_cache_under_eviction_with_concurrent_readers(
@@ -156,3 +204,48 @@ def test_the_block_cache_under_eviction_with_concurrent_readers(
     with ThreadPoolExecutor(6) as pool:
         assert sorted(pool.map(reader, range(6))) == list(range(6))
     assert rss_memory(pid) < (4 + 150) * MIB
+
+
+def test_the_jump_window_is_a_32nd_of_the_tensor_holding_the_median_byte() -> None:
+    assert jump_window_kb([4 * MIB] * 32) == 128  # the benchmark's jump case: 32 tensors of 4 MiB
+    assert jump_window_kb([8 * MIB] * 4) == 256
+    assert jump_window_kb([8 * MIB, 100 * MIB]) == 3200  # the median byte is in the big one
+    assert jump_window_kb([4096] * 1000 + [64 * MIB]) == 2048  # a thousand norms do not make it small
+    assert jump_window_kb([SIZE] * TENSORS) == 128  # never under the kernel's own 128 KiB
+    assert jump_window_kb([0, 0]) == jump_window_kb([]) == 128
+    assert jump_window_kb([4 * MIB + 5000]) == 128  # in whole pages, rounded down
+
+
+def test_only_the_shards_of_files_get_a_window_of_their_own(tmp_path: Path) -> None:
+    """``files/`` of a remote folder: each shard by its own tensors, the index and config.json at the mount's window;
+    of a local one, every file at the mount's window."""
+    index = write_sharded(
+        str(tmp_path / "repo"),
+        {
+            "a.safetensors": {"x": np.zeros(8 * MIB // 4, np.float32), "y": np.zeros(4, np.float32)},
+            "b.safetensors": {"z": np.zeros(16 * MIB, np.uint8)},
+        },
+    )
+    (tmp_path / "repo" / "config.json").write_text("{}")
+    source = LocalFiles()
+    try:
+        folder = os.path.dirname(index)
+        models = resolve(folder, source)
+        tree = build_tree(models, files=source_files(folder, source, models), jump_windows=True)
+        local_tree = build_tree(models, files=source_files(folder, source, models))
+    finally:
+        source.close()
+    windows = {path: tree.readahead_kb.get(tree.lookup(path).inode, 0) for path in _files(tree)}  # type: ignore[union-attr]
+    assert windows == {
+        "/files/a.safetensors": 256,
+        "/files/b.safetensors": 512,
+        "/files/config.json": 0,
+        "/files/model.safetensors.index.json": 0,
+    }
+    assert local_tree.readahead_kb == {}  # a local source's read-around costs no request: the mount's window
+
+
+def _files(tree: Tree) -> list[str]:
+    folder = tree.lookup("/files")
+    assert isinstance(folder, DirNode)
+    return [f"/files/{name}" for name in folder.children]

@@ -59,6 +59,7 @@ class ByteSource(Protocol):
     """Lists, describes and reads the files of one source."""
 
     first_read: int  # bytes a header's first read asks for: 8 locally, ~100 KB where a request is costly
+    remote: bool  # bytes come over a network: what the kernel reads around a jump is fetched (readahead.py)
     concurrency: int  # headers read at once: 1 locally, many where each read waits on a network
 
     def kind(self, key: str) -> Kind | None:

@@ -132,6 +132,7 @@ class LocalFiles:
     """
 
     first_read = 8
+    remote = False
     concurrency = 1
 
     def __init__(self, max_open: int | None = None, drop_behind: bool = True, threaded: bool = True) -> None:

@@ -181,6 +181,7 @@ class RemoteFiles:
     """
 
     first_read = FIRST_READ
+    remote = True
     concurrency = WORKERS  # headers of many shards are read in parallel
 
     def __init__(
