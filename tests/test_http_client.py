@@ -49,3 +49,21 @@ def test_a_body_cut_short_fails_at_once(nginx: Nginx, fault_proxy: Callable[[str
         assert into == (nginx.root / "blob").read_bytes()
     finally:
         client.close()
+
+
+def test_a_large_body_from_a_server_that_closes_the_connection(nginx: Nginx) -> None:
+    """A response that ends its connection (``Connection: close``, as moto's server and some proxies answer): the
+    body is read without the low-water mark (http.client has handed the socket to the response), and the next
+    request opens a new connection."""
+    data = os.urandom(SKIP + 4 * MIB)
+    nginx.put("blob", data)
+    client = HttpClient(nginx.url, {"Connection": "close"}, timeout=3.0)
+    try:
+        for _ in range(2):
+            into = memoryview(bytearray(4 * MIB))
+            client.get_into("blob", SKIP, into)
+            assert into == data[SKIP:]
+    finally:
+        client.close()
+    entries = nginx.log.entries()
+    assert len(entries) == 2 and entries[0].connection != entries[1].connection

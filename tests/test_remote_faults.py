@@ -103,7 +103,7 @@ def test_reads_succeed_through_transient_faults(fault: str, proxied: tuple, moun
         assert stats.failed >= 3
 
 
-@pytest.mark.parametrize("where", ["http", "hub", "s3"])
+@pytest.mark.parametrize("where", ["http", "hub", "s3", "s3-versioned"])
 def test_a_slow_link_is_not_a_stalled_one(
     where: str,
     nginx: Nginx,
@@ -115,8 +115,9 @@ def test_a_slow_link_is_not_a_stalled_one(
 ) -> None:
     """Bytes that keep coming, only slowly (400 KB/s: a tensor's 2 MiB take longer than ``--timeout 2``), are a slow
     link, not a stalled server: the read waits for them and gets the tensor. Over HTTP stfs's client reads the
-    body (with the socket's low-water mark at 1 MiB on a fast link, never on this one), from the Hub's CDN too; from
-    S3, obstore's GETs, each of which must come whole within the timeout."""
+    body (with the socket's low-water mark at 1 MiB on a fast link, never on this one), from the Hub's CDN and from
+    S3's presigned URLs too; a versioned S3 object through obstore's GETs, each sized to come whole within the
+    timeout."""
     data, tensors = model_bytes(tmp_path, 1)
     if where == "http":
         nginx.put("m.safetensors", data)
@@ -130,12 +131,12 @@ def test_a_slow_link_is_not_a_stalled_one(
         source = "hf://org/repo"
     else:
         s3: S3 = request.getfixturevalue("s3")
-        s3.create_bucket("bucket")
+        s3.create_bucket("bucket", versioned=where == "s3-versioned")
         s3.put_object("bucket", "m.safetensors", data)
         proxy = fault_proxy(s3.endpoint)
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         source = "s3://bucket/m.safetensors"
-    proxy.set_rate(400_000)  # slow from the start: obstore's first GETs are sized from the mount's first read
+    proxy.set_rate(400_000)  # slow from the start: obstore's first GETs (versioned) are sized from the first read
     mnt = mount(source, options=["timeout=2"])
     assert read_in_thread(tensor_path(mnt, "layers.1.weight"), deadline=60) == tensors["layers.1.weight"]
 

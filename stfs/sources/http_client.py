@@ -86,7 +86,8 @@ class HttpClient:
                 raise OSError(f"asked for bytes {lo}-{hi}, the server sent {content_range or 'no Content-Range'}")
             told = progress or _ignore
             done = 0
-            if not self.https and len(into) > 2 * LOW_WATER:
+            # a response that ends its connection has taken the socket from it (http.client): no mark to set there
+            if not self.https and len(into) > 2 * LOW_WATER and connection.sock is not None:
                 done = _read_batched(response, connection, into, self.timeout, told)
             while done < len(into):
                 done += _read_piece(response, into, done, min(len(into), done + SLICE), told)
@@ -137,22 +138,21 @@ class HttpClient:
             self._idle.append(connection)
 
 
-class ResolvingClient:
-    """Ranged GETs of files served through a redirect (the Hub's ``resolve/`` URLs answer with a signed URL of its
-    CDN): a file's redirect is asked for once (a HEAD, with the token), then its ranges are read from where it
-    points, without the token (the URL is signed) and without a redirect a block. Where the signed URL stops
-    working (401, 403, 404, 410: it expired), it is asked for again, once. A file served in place (a 2xx, no
-    redirect) is read from the first server. Locations are secrets (their queries sign them): in no message."""
+class _PlacedClient:
+    """Ranged GETs of files each read from a place found once per file (``_find``: a URL signed for it), and found
+    again, once, where it stops working (401, 403, 404, 410: it expired). Places are secrets (their queries sign
+    them): in no message."""
 
-    def __init__(self, endpoint: str, prefix: str, headers: dict[str, str], timeout: float) -> None:
-        self._first = HttpClient(endpoint, headers, timeout)
-        self._prefix = urllib.parse.urlsplit(endpoint).path.rstrip("/") + prefix  # "/org/repo/resolve/COMMIT/"
+    _first: HttpClient | None = None  # a file found in place there is not looked for again on a failure
+
+    def __init__(self, headers: dict[str, str], timeout: float, max_age: float = float("inf")) -> None:
         self._plain = {name: value for name, value in headers.items() if name.lower() != "authorization"}
         self._timeout = timeout
+        self._max_age = max_age  # seconds a place is used before it is found again (a signature's lifetime)
         self._clients: dict[str, HttpClient] = {}  # "scheme://host:port" -> its client
-        self._places: dict[str, tuple[HttpClient, str, str]] = {}  # file -> (client, path there, query)
+        self._places: dict[str, tuple[HttpClient, str, str, float]] = {}  # file -> (client, path, query, found at)
         self._lock = threading.Lock()
-        self.lookups = 0  # HEADs made: requests besides the GETs the caller counts
+        self.lookups = 0  # requests made to find places: besides the GETs the caller counts
 
     def get_into(
         self,
@@ -162,7 +162,7 @@ class ResolvingClient:
         etag: str | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> None:
-        """As ``HttpClient.get_into``, of the file ``path`` of the repository at its commit."""
+        """As ``HttpClient.get_into``, of the file ``path`` where it was found."""
         for again in (False, True):
             client, target, query = self._place(path, again)
             try:
@@ -174,38 +174,76 @@ class ResolvingClient:
 
     def close(self) -> None:
         with self._lock:
-            clients = [self._first, *self._clients.values()]
+            clients = [*([self._first] if self._first else []), *self._clients.values()]
         for client in clients:
             client.close()
+
+    def _find(self, path: str) -> tuple[HttpClient, str, str]:
+        raise NotImplementedError
 
     def _place(self, path: str, again: bool) -> tuple[HttpClient, str, str]:
         with self._lock:
             found = self._places.get(path)
-        if found is not None and not again:
-            return found
+        now = time.monotonic()
+        if found is not None and not again and now - found[3] < self._max_age:
+            return found[:3]
+        client, target, query = self._find(path)
+        with self._lock:
+            self._places[path] = (client, target, query, now)
+        return client, target, query
+
+    def _client_at(self, url: str) -> tuple[HttpClient, str, str]:
+        """The client of ``url``'s origin (made once, without the token), its path and its query."""
+        parts = urllib.parse.urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        with self._lock:
+            client = self._clients.get(origin)
+            if client is None:
+                client = self._clients[origin] = HttpClient(origin, self._plain, self._timeout)
+        return client, parts.path, parts.query
+
+
+class ResolvingClient(_PlacedClient):
+    """Ranged GETs of files served through a redirect (the Hub's ``resolve/`` URLs answer with a signed URL of its
+    CDN): a file's redirect is asked for once (a HEAD, with the token), then its ranges are read from where it
+    points, without the token (the URL is signed) and without a redirect a block. A file served in place (a 2xx,
+    no redirect) is read from the first server."""
+
+    def __init__(self, endpoint: str, prefix: str, headers: dict[str, str], timeout: float) -> None:
+        super().__init__(headers, timeout)
+        self._first = HttpClient(endpoint, headers, timeout)
+        self._prefix = urllib.parse.urlsplit(endpoint).path.rstrip("/") + prefix  # "/org/repo/resolve/COMMIT/"
+
+    def _find(self, path: str) -> tuple[HttpClient, str, str]:
+        first = self._first
+        assert first is not None
         here, query = self._prefix + path.lstrip("/"), ""
         for _ in range(MAX_REDIRECTS):  # the first server's own redirects (a renamed repository) keep the token
             with self._lock:
                 self.lookups += 1
-            location = self._first.locate(here if not query else f"{here}?{query}")
+            location = first.locate(here if not query else f"{here}?{query}")
             if location is None:
-                place = (self._first, here, query)
-                break
-            parts = urllib.parse.urlsplit(urllib.parse.urljoin(self._first.origin + here, location))
-            origin = f"{parts.scheme}://{parts.netloc}"
-            if origin != self._first.origin:
-                with self._lock:
-                    client = self._clients.get(origin)
-                    if client is None:
-                        client = self._clients[origin] = HttpClient(origin, self._plain, self._timeout)
-                place = (client, parts.path, parts.query)
-                break
+                return first, here, query
+            url = urllib.parse.urljoin(first.origin + here, location)
+            parts = urllib.parse.urlsplit(url)
+            if f"{parts.scheme}://{parts.netloc}" != first.origin:
+                return self._client_at(url)
             here, query = parts.path, parts.query
-        else:
-            raise OSError(f"/{path}: more than {MAX_REDIRECTS} redirects")
-        with self._lock:
-            self._places[path] = place
-        return place
+        raise OSError(f"/{path}: more than {MAX_REDIRECTS} redirects")
+
+
+class SignedClient(_PlacedClient):
+    """Ranged GETs of presigned URLs (S3's): ``sign(path)`` gives a file's URL, signed for ``lifetime`` seconds; it
+    is used for half of that, then signed again (signing makes no request), and once more where it stops working.
+    The signature is in the URL, so the client holds no credentials."""
+
+    def __init__(self, sign: Callable[[str, float], str], lifetime: float, timeout: float) -> None:
+        super().__init__({}, timeout, max_age=lifetime / 2)
+        self._sign = sign
+        self._lifetime = lifetime
+
+    def _find(self, path: str) -> tuple[HttpClient, str, str]:
+        return self._client_at(self._sign(path, self._lifetime))
 
 
 def _target(path: str, query: str) -> str:

@@ -1,8 +1,9 @@
 """Remote files (HTTP, S3, the Hub) as a byte source: ranged GETs into a memfd block cache, readahead, splice.
 
 Headers and first reads go through obstore (Rust ``object_store``: its requests release the GIL, and it
-brings pooling and S3 signing); tensor bytes through the transport's client where it has one (plain HTTP(S):
-``http.client`` reading the socket straight into the cache, ``stfs.sources.http_client``), else obstore too.
+brings pooling and S3 signing); tensor bytes through the transport's client where it has one (``http.client``
+reading the socket straight into the cache, ``stfs.sources.http_client``: HTTP(S), the Hub's CDN, S3 through
+URLs obstore presigns), else (an S3 object pinned by its VersionId) obstore too.
 
 * **Pinning**: the first look at a file (one speculative GET of its first ``first_read`` bytes, which
   also holds most headers) pins its size and version (ETag, S3 VersionId; a Hub file is pinned by
@@ -50,7 +51,7 @@ from .disk_cache import DiskCache
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
 
 if TYPE_CHECKING:
-    from .http_client import HttpClient, ResolvingClient
+    from .http_client import HttpClient, ResolvingClient, SignedClient
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,8 @@ class Transport:
         """``exc`` as it may be raised and shown: another exception of its kind where its text holds a secret."""
         return exc
 
-    def client(self) -> HttpClient | ResolvingClient | None:
-        """A client that reads a range straight into memory given (HTTP(S), the Hub); ``None``: through obstore."""
+    def client(self) -> HttpClient | ResolvingClient | SignedClient | None:
+        """A client that reads a range straight into memory given (HTTP(S), the Hub, S3); ``None``: through obstore."""
         return None
 
     def describe(self, key: str) -> Listing | None:

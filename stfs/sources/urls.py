@@ -8,6 +8,7 @@ chain (environment, profile); none of them reaches a key, a log line or an error
 from __future__ import annotations
 
 import base64
+import datetime
 import os
 import re
 import urllib.parse
@@ -17,7 +18,7 @@ from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
 from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
-from .http_client import HttpClient, ResolvingClient
+from .http_client import HttpClient, ResolvingClient, SignedClient
 from .remote import Listing, RemoteFiles, Transport
 
 # A revision ends at the first "/", except the Hub's special refs, whose names hold two (huggingface_hub's
@@ -43,6 +44,7 @@ def _client_options(timeout: float, headers: dict[str, str] | None = None, allow
     return options
 
 
+SIGNED_FOR = 3600.0  # seconds an S3 URL is presigned for (used for half of that)
 # RemoteFiles retries itself (until --timeout, counting every request it makes): obstore must not retry too.
 NO_RETRIES: Any = {"max_retries": 0}
 # A server with gzip on answers a ranged GET with the whole body, compressed, unless asked for identity.
@@ -125,6 +127,8 @@ class S3Transport(Transport):
         self.timeout = timeout
         self._listings: dict[str, list[str]] = {}  # prefix -> its keys: listed once, the mount's snapshot
         self._listed: dict[str, Listing] = {}  # key -> what the listing said of it
+        self._client: SignedClient | None = None
+        self._signer: Any = None  # the store that signs: obstore's, made in the daemon
 
     def make_store(self) -> Any:
         from obstore.store import S3Store
@@ -142,6 +146,21 @@ class S3Transport(Transport):
             client_options=_client_options(self.timeout),
             retry_config=NO_RETRIES,
         )
+
+    def client(self) -> SignedClient:
+        """Ranged GETs of URLs obstore presigns (a copy fewer than obstore's GET: the body is read into the slot);
+        ``RemoteFiles`` reads an object pinned by its VersionId through obstore still (a version in the query would
+        need signing with it)."""
+        if self._client is None:
+            self._client = SignedClient(self._sign, SIGNED_FOR, self.timeout)
+        return self._client
+
+    def _sign(self, path: str, lifetime: float) -> str:
+        import obstore
+
+        if self._signer is None:
+            self._signer = self.make_store()
+        return str(obstore.sign(self._signer, "GET", path, datetime.timedelta(seconds=lifetime)))
 
     def list(self, store: Any, key: str) -> list[str] | None:
         import obstore
