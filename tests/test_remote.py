@@ -170,9 +170,14 @@ def test_a_hub_file_is_resolved_once_then_read_from_the_cdn(hub: FakeHub, mount:
     assert all(entry.authorization == "" for entry in reads)
 
 
-@pytest.mark.parametrize("versioned", [False, True], ids=["unversioned", "versioned"])
+@pytest.mark.parametrize(
+    ("versioned", "unsigned"),
+    [(False, False), (True, False), (False, True)],
+    ids=["unversioned", "versioned", "public"],
+)
 def test_an_s3_object_is_read_through_urls_obstore_presigns(
     versioned: bool,
+    unsigned: bool,
     s3: S3,
     fault_proxy: Callable[[str], FaultProxy],
     mount: MountFn,
@@ -181,19 +186,25 @@ def test_an_s3_object_is_read_through_urls_obstore_presigns(
 ) -> None:
     """An S3 object's blocks are read by stfs's own client from URLs obstore presigned (no ``Authorization``
     header; the signature in the query, If-Match its ETag). An object pinned by its VersionId is read through
-    obstore still: a version in the query would have to be signed with it."""
+    obstore still: a version in the query would have to be signed with it; so is a public bucket read without
+    credentials (``AWS_SKIP_SIGNATURE``): nothing could sign."""
     local = big_model(tmp_path / "big.safetensors", TENSORS, TENSOR_BYTES)
     s3.create_bucket("bucket", versioned=versioned)
     s3.put_object("bucket", "big.safetensors", local.read_bytes())
     proxy = fault_proxy(s3.endpoint)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    if unsigned:
+        s3.client.put_object_acl(Bucket="bucket", Key="big.safetensors", ACL="public-read")
+        monkeypatch.setenv("AWS_SKIP_SIGNATURE", "true")
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     mnt = mount("s3://bucket/big.safetensors")
     before = len(proxy.requests())
     assert read_cold(os.path.join(mnt, "files", "big.safetensors")) == local.read_bytes()
     reads = [request for request in proxy.requests()[before:] if request.method == "GET" and request.range]
     assert len(reads) >= 2 and all(request.status == 206 for request in reads)
     presigned = ["X-Amz-Signature=" in request.target for request in reads]
-    assert presigned == [not versioned] * len(reads), [request.target.split("?")[0] for request in reads]
+    assert presigned == [not versioned and not unsigned] * len(reads), [r.target.split("?")[0] for r in reads]
 
 
 # --- bytes ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import logging
 import os
 import re
 import urllib.parse
@@ -20,6 +21,8 @@ from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
 from .http_client import HttpClient, ResolvingClient, SignedClient
 from .remote import Listing, RemoteFiles, Transport
+
+log = logging.getLogger(__name__)
 
 # A revision ends at the first "/", except the Hub's special refs, whose names hold two (huggingface_hub's
 # HfFileSystem reads them the same way): hf://org/repo@refs/pr/1/sub/x.safetensors is PATH sub/x.safetensors of
@@ -128,6 +131,7 @@ class S3Transport(Transport):
         self._listings: dict[str, list[str]] = {}  # prefix -> its keys: listed once, the mount's snapshot
         self._listed: dict[str, Listing] = {}  # key -> what the listing said of it
         self._client: SignedClient | None = None
+        self._unsigned = False  # nothing signs S3's requests here: obstore reads them
         self._signer: Any = None  # the store that signs: obstore's, made in the daemon
 
     def make_store(self) -> Any:
@@ -147,11 +151,20 @@ class S3Transport(Transport):
             retry_config=NO_RETRIES,
         )
 
-    def client(self) -> SignedClient:
+    def client(self) -> SignedClient | None:
         """Ranged GETs of URLs obstore presigns (a copy fewer than obstore's GET: the body is read into the slot);
         ``RemoteFiles`` reads an object pinned by its VersionId through obstore still (a version in the query would
-        need signing with it)."""
-        if self._client is None:
+        need signing with it). ``None`` (obstore's unsigned GETs) where requests go unsigned (``AWS_SKIP_SIGNATURE``,
+        a public bucket) or nothing can sign them (no credentials)."""
+        if self._client is None and not self._unsigned:
+            try:
+                if os.environ.get("AWS_SKIP_SIGNATURE", "").lower() in ("1", "true"):
+                    raise PermissionError("AWS_SKIP_SIGNATURE")
+                self._sign("probe", 60)  # credentials at hand or fetched once (an instance's): no request of S3
+            except Exception as exc:
+                log.debug("%s: S3 reads go through obstore (cannot presign: %s)", self.base, first_line(exc))
+                self._unsigned = True
+                return None
             self._client = SignedClient(self._sign, SIGNED_FOR, self.timeout)
         return self._client
 
