@@ -45,9 +45,17 @@ STOP_TIMEOUT = 5.0
 
 def free_port() -> int:
     """A port nothing listens on now (the caller binds it soon after; starts retry if another took it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOCALHOST, 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different ports nothing listens on now: each held until all are found (one at a time, the kernel
+    may hand out the same port twice, and nginx then serves two of its servers on one)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for probe in probes:
+            probe.bind((LOCALHOST, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 def find_tool(name: str) -> str | None:
@@ -391,7 +399,7 @@ class Nginx:
             folder.mkdir(parents=True, exist_ok=True)
         (self.workdir / "htpasswd").write_text(f"{BASIC_USER}:{{PLAIN}}{BASIC_PASSWORD}\n")
         for attempt in range(3):
-            self.port, self.https_port, self.hub_port, self.cdn_port = (free_port() for _ in range(4))
+            self.port, self.https_port, self.hub_port, self.cdn_port = free_ports(4)
             self.redirect_base = self.cdn_url
             self._write_config()
             self._process = subprocess.Popen(

@@ -136,6 +136,24 @@ def test_safe_open_of_one_tensor_through_files_fetches_at_most_a_tenth_more(
     assert fetched <= 1.1 * ((hi - lo) + bounds[0][0]), fetched / ((hi - lo) + bounds[0][0])
 
 
+def test_a_jump_to_a_tensor_near_the_header_is_not_a_sequential_reader(
+    nginx: Nginx, served: tuple[Path, str], mount: MountFn
+) -> None:
+    """safe_open reads the header, then faults in a tensor a few MiB on (here the third, 6 MiB in): a new jump, not
+    the header's reader going on (8x the tensor was fetched when the gap counted as read, within 16 MiB)."""
+    safetensors = pytest.importorskip("safetensors")
+    local, url = served
+    mnt = mount(url)
+    nginx.log.clear()
+    bounds = spans(local)
+    lo, hi = bounds[2]
+    name = next(n for n, span in named_spans(local).items() if span == (lo, hi))
+    with safetensors.safe_open(os.path.join(mnt, "files", "m.safetensors"), "numpy") as opened:
+        assert opened.get_tensor(name).tobytes() == local.read_bytes()[lo:hi]
+    fetched = sum(b - a for a, b in fetched_ranges(nginx, "m.safetensors"))
+    assert fetched <= 1.1 * ((hi - lo) + bounds[0][0]), fetched / ((hi - lo) + bounds[0][0])
+
+
 @pytest.mark.parametrize("native", ["1", "0"], ids=["C", "Python"])
 def test_a_tensor_opened_after_files_reads_at_the_mounts_whole_window(
     native: str, nginx: Nginx, served: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -59,6 +59,7 @@ MIB = 1 << 20
 DEFAULT_BLOCK_SIZE = 8 * MIB
 FIRST_READ = 100_000  # the Hub's own metadata reader asks for this much: most headers fit
 FORWARD_SLACK = 16 * MIB  # the kernel's readahead may skip ahead this far and still be one sequential reader
+JUMP_SLACK = 2 * MIB  # the same for a reader not yet sequential: two requests taken out of order, not a jump
 BACKWARD_SLACK = 1 * MIB
 FIRST_WINDOW = 2  # blocks fetched ahead of a reader that has just shown it is sequential
 MAX_WINDOW_BYTES = 32 * MIB  # fetched ahead at most (into the cache's slots)
@@ -692,12 +693,15 @@ class RemoteFiles:
         cache = self._block_cache()  # made before the lock is taken
         with self._lock:
             streams = self._streams.setdefault(pin.key, [])
-            stream = next((s for s in streams if s.next - BACKWARD_SLACK <= offset <= s.next + FORWARD_SLACK), None)
+            stream = next((s for s in streams if _follows(s, offset)), None)
             if stream is None:
                 # A read in the first read's bytes is a header's (safe_open reads it, then jumps): not yet a reader
                 # of the file from its start.
                 stream = _Stream(end, low, jump=offset != low or offset < len(pin.head))
                 stream.proof = HEADER_PROOF if offset < len(pin.head) else JUMP_PROOF
+                left = next((s for s in streams if s.jump and _near(s, offset, FORWARD_SLACK)), None)
+                if left is not None:  # a reader not yet sequential that jumped on from there: this one, anew
+                    streams.remove(left)
                 streams.append(stream)
                 if len(streams) > MAX_STREAMS:
                     del streams[0]
@@ -807,6 +811,19 @@ class _Stream:
         self.window = 0
         self.read = 0
         self.passed = 0  # blocks before this one have been marked as read past (``SlotCache.pass_by``)
+
+
+def _follows(stream: _Stream, offset: int) -> bool:
+    """Whether a read at ``offset`` goes on with ``stream``: near where it is (the kernel's readahead skips pages
+    already cached, up to ``FORWARD_SLACK``), or, while it has not yet shown it is sequential (a jump, a header),
+    within ``JUMP_SLACK`` of where it left off (requests the thread pool took out of order): a longer gap is
+    another jump. (safe_open reads the header, then faults in the tensor it wants a few MiB on: counted as one
+    reader, the gap made it sequential, and it fetched ahead far past the tensor.)"""
+    return _near(stream, offset, JUMP_SLACK if stream.jump else FORWARD_SLACK)
+
+
+def _near(stream: _Stream, offset: int, ahead: int) -> bool:
+    return stream.next - BACKWARD_SLACK <= offset <= stream.next + ahead
 
 
 def _write_some(pipe: int, data: bytes) -> int:
