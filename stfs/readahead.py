@@ -67,8 +67,13 @@ class Readahead:
         path = f"/sys/class/bdi/{device}/read_ahead_kb"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            log.debug("cannot set %s: %s", path, exc)
+            return
+        try:
             os.write(fd, str(default_kb).encode())
         except OSError as exc:
+            os.close(fd)
             log.debug("cannot set %s: %s", path, exc)
             return
         with self._lock:

@@ -39,8 +39,6 @@ class PreconditionError(StatusError):
 class HttpClient:
     """GETs of byte ranges of one server's files, each read into a buffer given (see the module docstring)."""
 
-    lookups = 0  # requests made besides the GETs the caller counts (none here; ResolvingClient's HEADs)
-
     def __init__(self, base: str, headers: dict[str, str], timeout: float, query: str = "") -> None:
         parts = urllib.parse.urlsplit(base)
         self.https = parts.scheme == "https"

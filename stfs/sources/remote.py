@@ -128,6 +128,10 @@ class Transport:
         """A client that reads a range straight into memory given (HTTP(S), the Hub, S3); ``None``: through obstore."""
         return None
 
+    def lookups(self) -> int:
+        """Requests its client made to find where files are (the Hub's HEADs); none where no client was made."""
+        return 0
+
     def describe(self, key: str) -> Listing | None:
         """What the store knows of ``key`` without a request (the Hub's file list, an S3 listing already made);
         else ``None``."""
@@ -344,9 +348,8 @@ class RemoteFiles:
 
     def transfer(self) -> dict[str, int]:
         """What went over the wire so far: requests (a HEAD counts) and body bytes."""
-        client = self.transport.client()
         with self._lock:
-            return {"requests": self.requests + (client.lookups if client else 0), "bytes": self.bytes_fetched}
+            return {"requests": self.requests + self.transport.lookups(), "bytes": self.bytes_fetched}
 
     def _list(self, folder: str) -> list[str] | None:
         """The store's listing of ``folder`` (retried as a first contact is), or ``None`` if it cannot list."""

@@ -157,13 +157,14 @@ class S3Transport(Transport):
         need signing with it). ``None`` (obstore's unsigned GETs) where requests go unsigned (``AWS_SKIP_SIGNATURE``,
         a public bucket) or nothing can sign them (no credentials)."""
         if self._client is None and not self._unsigned:
+            self._unsigned = os.environ.get("AWS_SKIP_SIGNATURE", "").lower() in ("1", "true")
             try:
-                if os.environ.get("AWS_SKIP_SIGNATURE", "").lower() in ("1", "true"):
-                    raise PermissionError("AWS_SKIP_SIGNATURE")
-                self._sign("probe", 60)  # credentials at hand or fetched once (an instance's): no request of S3
+                if not self._unsigned:
+                    self._sign("probe", 60)  # credentials at hand or fetched once (an instance's): no request of S3
             except Exception as exc:
                 log.debug("%s: S3 reads go through obstore (cannot presign: %s)", self.base, first_line(exc))
                 self._unsigned = True
+            if self._unsigned:
                 return None
             self._client = SignedClient(self._sign, SIGNED_FOR, self.timeout)
         return self._client
@@ -238,6 +239,9 @@ class HubTransport(Transport):
             prefix = f"/{self.repo}/resolve/{self.commit}/"
             self._client = ResolvingClient(self.endpoint, prefix, headers, self.timeout)
         return self._client
+
+    def lookups(self) -> int:
+        return self._client.lookups if self._client is not None else 0
 
     def make_store(self) -> Any:
         from obstore.store import HTTPStore
