@@ -1,8 +1,10 @@
-"""The optional C extension stfs._native (the FUSE requests that carry the load, answered in C).
+"""The optional C extensions: stfs._native (the FUSE requests that carry the load, answered in C) and stfs._tls
+(HTTPS bodies read without the GIL).
 
-Built against the libfuse3 headers (``pkg-config fuse3``; the package libfuse3-dev). Without a compiler or the
-headers the extension is left out and stfs serves every request from Python (it says so, once, at mount).
-Everything else about the package is in pyproject.toml.
+stfs._native is built against the libfuse3 headers (``pkg-config fuse3``; the package libfuse3-dev), stfs._tls
+against Python's alone (it finds OpenSSL in the library Python's ssl loaded). Without a compiler or the headers an
+extension is left out and stfs serves from Python instead (it says so, once, at mount). Everything else about
+the package is in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -38,18 +40,11 @@ class OptionalBuildExt(build_ext):
             print(f"stfs: C extension {ext.name} not built ({exc}); the Python path will serve")
 
 
+WARNINGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 flags = fuse3_cflags()
-extensions = (
-    []
-    if flags is None
-    else [
-        Extension(
-            "stfs._native",
-            ["stfs/_native.c"],
-            extra_compile_args=[*flags, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-        )
-    ]
-)
-if flags is None:
-    print("stfs: pkg-config fuse3 found no libfuse3 headers; the C extension is left out, the Python path will serve")
+extensions = [Extension("stfs._tls", ["stfs/_tls.c"], extra_compile_args=WARNINGS)]
+if flags is not None:
+    extensions.append(Extension("stfs._native", ["stfs/_native.c"], extra_compile_args=[*flags, *WARNINGS]))
+else:
+    print("stfs: pkg-config fuse3 found no libfuse3 headers; stfs._native is left out, the Python path will serve")
 setup(ext_modules=extensions, cmdclass={"build_ext": OptionalBuildExt})

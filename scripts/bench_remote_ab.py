@@ -2,13 +2,14 @@
 """Two stfs checkouts over the same nginx, alternated round by round: each figure ÷ curl of the same bytes.
 
     python3 scripts/bench_remote_ab.py --data DIR --checkout main=/work/main --checkout this=. \\
-        [--rounds 4] [-o max_read=131072]
+        [--rounds 4] [-o max_read=131072] [--https]
 
 bench_remote's 1 GiB model (eight 128 MiB tensors) behind bench_remote's nginx; per round and checkout, each on
 a fresh mount: ``dd`` of tensor ``t2``, ``dd`` of ``files/model.safetensors``, ``cat`` of every ``tensors/``
 file, each followed by ``curl -r`` of as many bytes. The order of the checkouts flips every round. Prints each
-ratio and the medians. ``--hot``: instead, ``dd`` of ``t2`` four times on one mount, the page cache dropped
-before each (the first fetches, the rest find every block in the block cache).
+ratio, then the daemon's CPU-seconds per GB of each read, and their medians. ``--https``: the same over nginx's TLS port (a test CA, trusted through
+``SSL_CERT_FILE``). ``--hot``: instead, ``dd`` of ``t2`` four times on one mount, the page cache dropped before
+each (the first fetches, the rest find every block in the block cache).
 """
 
 from __future__ import annotations
@@ -24,21 +25,23 @@ from pathlib import Path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from scripts import bench_remote  # noqa: E402
-from scripts.benchlib import STFS_REPO, dd_seconds  # noqa: E402
-from tests.servers import Nginx  # noqa: E402
+from scripts.benchlib import STFS_REPO, cpu_seconds, dd_seconds  # noqa: E402
+from tests.servers import Nginx, make_tls  # noqa: E402
 
 
 def curl_seconds(url: str, size: int) -> float:
+    trust = ["--cacert", os.environ["SSL_CERT_FILE"]] if url.startswith("https:") else []
     began = time.monotonic()
-    subprocess.run(["curl", "-s", "-o", "/dev/null", "-r", f"0-{size - 1}", url], check=True)
+    subprocess.run(["curl", "-s", *trust, "-o", "/dev/null", "-r", f"0-{size - 1}", url], check=True)
     return time.monotonic() - began
 
 
 def one_round(url: str, mnt: str, spans: dict[str, tuple[int, int]], options: list[str]) -> list[float]:
-    """stfs ÷ curl for one tensor, files/ and the whole of tensors/."""
-    ratios = []
+    """stfs ÷ curl for one tensor, files/ and the whole of tensors/, then the daemon's CPU-seconds per GB of each."""
+    ratios, cpu = [], []
     for what in ("tensors/t2", "files/model.safetensors", "cat"):
         with bench_remote.stfs_mounted(url, mnt, options) as mount:
+            before = cpu_seconds(mount.pid)
             if what == "cat":
                 paths = [os.path.join(mount.mountpoint, "tensors", name) for name in sorted(spans)]
                 began = time.monotonic()
@@ -47,8 +50,9 @@ def one_round(url: str, mnt: str, spans: dict[str, tuple[int, int]], options: li
             else:
                 path = os.path.join(mount.mountpoint, what)
                 seconds, size = dd_seconds(path), os.path.getsize(path)
+            cpu.append((cpu_seconds(mount.pid) - before) / (size / 1e9))
         ratios.append(curl_seconds(url, size) / seconds)
-    return ratios
+    return ratios + cpu
 
 
 def hot(url: str, mnt: str, options: list[str]) -> list[float]:
@@ -71,10 +75,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("-o", dest="option", action="append", default=[], help="stfs mount -o options")
     parser.add_argument("--hot", action="store_true")
+    parser.add_argument("--https", action="store_true", help="over nginx's TLS port")
     args = parser.parse_args()
     checkouts = [spec.partition("=")[::2] for spec in args.checkout] or [("this", REPO)]
     data = os.path.join(args.data, "remote")
-    nginx = Nginx(Path(data) / "nginx")
+    tls = make_tls(Path(data) / "tls") if args.https else None
+    if tls is not None:
+        os.environ["SSL_CERT_FILE"] = str(tls.bundle)  # the daemons and curl trust the test CA this way
+    nginx = Nginx(Path(data) / "nginx", tls=tls)
     nginx.root.mkdir(parents=True, exist_ok=True)
     model, spans = bench_remote.the_model(nginx.root)
     options = [item for option in args.option for item in ("-o", option)]
@@ -85,10 +93,10 @@ def main() -> int:
         for number in range(args.rounds):
             for label, path in checkouts if number % 2 == 0 else checkouts[::-1]:
                 STFS_REPO[0] = os.path.abspath(path)
-                url, mnt = f"{nginx.url}/{model}", os.path.join(data, "mnt")
+                url, mnt = f"{nginx.https_url if tls else nginx.url}/{model}", os.path.join(data, "mnt")
                 figures = hot(url, mnt, options) if args.hot else one_round(url, mnt, spans, options)
                 results[label].append(figures)
-                unit = "GB/s" if args.hot else "x curl (one tensor, files/, cat tensors/)"
+                unit = "GB/s" if args.hot else "x curl (one tensor, files/, cat tensors/), then CPU-s/GB of each"
                 print(f"round {number} {label}: " + " ".join(f"{f:.2f}" for f in figures) + f" {unit}", flush=True)
     finally:
         nginx.stop()

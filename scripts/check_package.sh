@@ -32,11 +32,12 @@ PY
 "$work/fresh/bin/stfs" --version
 "$work/fresh/bin/stfs" info "$work/tiny.safetensors"
 "$work/fresh/bin/python" -c "import stfs.fs"  # mfusepy (pinned <4) loads libfuse3 and has what stfs overrides
-# The wheel carries the C extension (built against the libfuse3 headers) and a mount from it answers in C. Its
-# listing is taken whole first: `grep -q` stops reading at its match, and under pipefail the lister's broken pipe
-# failed the check now and then.
+# The wheel carries both C extensions (stfs._native built against the libfuse3 headers, stfs._tls) and a mount
+# from it answers in C. Its listing is taken whole first: `grep -q` stops reading at its match, and under pipefail
+# the lister's broken pipe failed the check now and then.
 listing=$(python3 -m zipfile -l "$out"/*.whl)
 grep -q 'stfs/_native\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no stfs/_native" >&2; exit 1; }
+grep -q 'stfs/_tls\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no stfs/_tls" >&2; exit 1; }
 mkdir "$work/mnt"
 (cd "$work" && "$work/fresh/bin/stfs" mount "$work/tiny.safetensors" "$work/mnt" --log-file "$work/mount.log")
 status=0

@@ -140,12 +140,13 @@ def s3(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory, monkey
 
 @pytest.fixture
 def fault_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], FaultProxy]]:
-    """``fault_proxy(upstream_url) -> FaultProxy``, started; every proxy made is stopped at teardown."""
+    """``fault_proxy(upstream_url, tls=None) -> FaultProxy``, started (serving HTTPS given ``tls``); every proxy made
+    is stopped at teardown."""
     _local_only(monkeypatch)
     proxies: list[FaultProxy] = []
 
-    def make(upstream: str) -> FaultProxy:
-        proxy = FaultProxy(upstream).start()
+    def make(upstream: str, tls: TlsFiles | None = None) -> FaultProxy:
+        proxy = FaultProxy(upstream, tls).start()
         proxies.append(proxy)
         return proxy
 

@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -1066,7 +1067,8 @@ REASONS = {429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gat
 
 
 class FaultProxy:
-    """A reverse proxy on 127.0.0.1 in front of one plain-HTTP upstream, with faults set while it runs.
+    """A reverse proxy on 127.0.0.1 in front of one plain-HTTP upstream, with faults set while it runs; given
+    ``tls``, it serves HTTPS with that certificate (clients trust it through the bundle, ``SSL_CERT_FILE``).
 
     Each client connection gets its own upstream connection; request heads are parsed (to count, delay,
     fail or strip Range) and bodies framed by Content-Length or chunked encoding, so keep-alive works.
@@ -1083,11 +1085,15 @@ class FaultProxy:
       e.g. to replace the object after the header was read.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, tls: TlsFiles | None = None) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or parts.hostname != LOCALHOST:
             raise ValueError(f"{upstream}: the proxy fronts plain http on {LOCALHOST} only")
         self.upstream = (LOCALHOST, parts.port or 80)
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(tls.cert, tls.key)
         self._listener = socket.create_server((LOCALHOST, 0))
         self._listener.settimeout(0.1)
         self.port = int(self._listener.getsockname()[1])
@@ -1102,7 +1108,7 @@ class FaultProxy:
 
     @property
     def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{LOCALHOST}:{self.port}"
 
     def start(self) -> FaultProxy:
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True, name="fault-proxy-accept")
@@ -1201,6 +1207,11 @@ class FaultProxy:
     def _serve(self, client: socket.socket) -> None:
         upstream: socket.socket | None = None
         try:
+            if self._tls is not None:
+                plain, client = client, self._tls.wrap_socket(client, server_side=True)  # detaches plain
+                with self._lock:
+                    self._sockets.discard(plain)
+                    self._sockets.add(client)
             reader = _Reader(client)
             upstream_reader: _Reader | None = None
             while not self._stopping.is_set():

@@ -19,6 +19,8 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
+from stfs.sources import tls
+
 LOW_WATER = 1 << 20  # SO_RCVLOWAT while a large body is read: a wake-up (and a GIL hand-off) per MiB, not per packet
 MAX_REDIRECTS = 5  # a file's redirects followed on the first server before one leaves it
 SLICE = 256 << 10  # a body is read in pieces of this, each reported to ``progress``: a slow link shows it is moving
@@ -49,6 +51,8 @@ class HttpClient:
         self.query = query
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self._context = ssl.create_default_context() if self.https else None
+        if self.https:
+            tls.say_once()
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
@@ -87,6 +91,8 @@ class HttpClient:
             # a response that ends its connection has taken the socket from it (http.client): no mark to set there
             if not self.https and len(into) > 2 * LOW_WATER and connection.sock is not None:
                 done = _read_batched(response, connection, into, self.timeout, told)
+            elif self.https and len(into) > SLICE:
+                done = _read_tls(response, connection.sock, into, told)
             while done < len(into):
                 done += _read_piece(response, into, done, min(len(into), done + SLICE), told)
         except BaseException:
@@ -288,6 +294,28 @@ def _read_batched(
     while done < len(into) - LOW_WATER:
         done += _read_piece(response, into, done, min(done + LOW_WATER, len(into) - LOW_WATER), progress)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    return done
+
+
+def _read_tls(
+    response: http.client.HTTPResponse, sock: socket.socket | None, into: memoryview, progress: Callable[[int], None]
+) -> int:
+    """Read all but the last byte of the body into ``into``: what ``http.client``'s reader holds already, then the
+    rest from ``sock``'s TLS stream in one call a ``SLICE`` (stfs.sources.tls); the count read, 0 where that
+    cannot read ``sock``. The last byte is left to ``http.client``, which then ends the response itself (the
+    connection can be kept)."""
+    read = tls.reader(sock) if response.length == len(into) else None  # not chunked: the stream holds the body alone
+    if read is None:
+        return 0
+    held = len(response.fp.peek())  # the body's first bytes, read with the headers (or a record, if none was)
+    done = _read_piece(response, into, 0, min(held, len(into) - 1), progress) if held else 0
+    while done < len(into) - 1:
+        got = read(into[done : min(done + SLICE, len(into) - 1)])
+        if not got:
+            raise OSError(f"the connection closed after {done} of {len(into)} bytes")  # the caller closes it
+        response.length = len(into) - done - got  # what http.client still expects: it ends the response at 0
+        progress(got)
+        done += got
     return done
 
 

@@ -1,0 +1,165 @@
+"""HTTPS bodies read by stfs._tls (stfs.sources.tls) from nginx's TLS port and a TLS fault proxy on 127.0.0.1:
+byte-exact, the kept-alive connection used again, a body cut short or stalled failing as Python's ssl fails, and
+Python's ssl reading wherever stfs._tls cannot; a mount over HTTPS serves the source's bytes either way.
+
+Which path read a body shows in its ``progress`` pieces: stfs._tls leaves the body's last byte to http.client (so
+that it ends the response itself), Python's ssl reads ``SLICE`` after ``SLICE`` to the end."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import ssl
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from stfs.sources import tls
+from stfs.sources.http_client import SLICE, HttpClient
+from tests.helpers import IN_CI, MountFn
+from tests.remote_helpers import MIB, big_model, publish_nginx
+from tests.servers import FaultProxy, Nginx, TlsFiles
+
+pytestmark = pytest.mark.timeout(60)
+
+SKIP = 1000  # the ranges start inside the file
+
+
+@pytest.fixture
+def https(nginx: Nginx) -> str:
+    for missing, what in ((nginx.https_url is None, "TLS (cryptography)"), (not tls.AVAILABLE, "stfs._tls")):
+        if missing:
+            pytest.fail(f"{what} is missing in CI") if IN_CI else pytest.skip(f"{what} is not available here")
+    assert nginx.https_url is not None
+    return nginx.https_url
+
+
+def _read(client: HttpClient, lo: int, size: int) -> tuple[bytes, list[int]]:
+    pieces: list[int] = []
+    into = memoryview(bytearray(size))
+    client.get_into("blob", lo, into, progress=pieces.append)
+    return bytes(into), pieces
+
+
+@pytest.mark.parametrize("size", [SLICE + 1, 3 * MIB + 4321, 8 * MIB])
+def test_a_tls_body_is_read_in_one_call_a_slice_and_the_connection_is_kept(size: int, nginx: Nginx, https: str) -> None:
+    data = os.urandom(SKIP + size)
+    nginx.put("blob", data)
+    client = HttpClient(https, {}, timeout=3.0)
+    try:
+        body, pieces = _read(client, SKIP, size)
+        assert body == data[SKIP:]
+        assert pieces[-1] == 1 and max(pieces) <= SLICE and sum(pieces) == size  # stfs._tls read it
+        small, _ = _read(client, 5, 10)  # http.client ended the response: the connection takes another request
+        assert small == data[5:15]
+    finally:
+        client.close()
+    entries = nginx.log.entries()
+    assert len(entries) == 2 and entries[0].connection == entries[1].connection
+
+
+def test_python_ssl_reads_where_stfs_tls_is_off(nginx: Nginx, https: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    size = 3 * MIB + 4321
+    data = os.urandom(SKIP + size)
+    nginx.put("blob", data)
+    monkeypatch.setattr(tls, "AVAILABLE", False)  # as without the extension, or with STFS_NATIVE=0
+    client = HttpClient(https, {}, timeout=3.0)
+    try:
+        body, pieces = _read(client, SKIP, size)
+    finally:
+        client.close()
+    assert body == data[SKIP:]
+    assert pieces[-1] == size % SLICE  # SLICE after SLICE through Python's ssl
+
+
+def test_stfs_tls_reads_only_the_ssl_object_python_says_is_there(nginx: Nginx, https: str) -> None:
+    """The fields C takes the SSL object from are checked against the socket, its context and its descriptor;
+    anything else is refused before OpenSSL is called."""
+    from stfs import _tls  # type: ignore[attr-defined]
+
+    nginx.put("blob", b"x" * 10)
+    port = int(https.rpartition(":")[2])
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(), timeout=3)
+    try:
+        connection.connect()
+        sock = connection.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        sslobj, fd = sock._sslobj, sock.fileno()  # type: ignore[attr-defined]
+        assert _tls.usable(sslobj, sock, sock.context, fd)
+        assert tls.reader(sock) is not None
+        assert not _tls.usable(sslobj, sock, ssl.create_default_context(), fd)  # another context
+        assert not _tls.usable(sslobj, sock, sock.context, fd + 100)  # another descriptor
+        assert not _tls.usable(sslobj, object(), sock.context, fd)  # another socket
+        assert not _tls.usable(sock.context, sock, sock.context, fd)  # not an SSL socket at all
+        with pytest.raises(ValueError):
+            _tls.read_into(sslobj, object(), sock.context, fd, bytearray(10), 1.0)
+    finally:
+        connection.close()
+    with socket.create_connection(("127.0.0.1", port)) as plain:
+        assert tls.reader(plain) is None
+    assert tls.reader(None) is None
+
+
+def _proxy(nginx: Nginx, fault_proxy: Callable[..., FaultProxy], tls_files: TlsFiles | None) -> FaultProxy:
+    assert tls_files is not None
+    return fault_proxy(nginx.url, tls_files)
+
+
+def test_a_tls_body_cut_short_fails_at_once(
+    nginx: Nginx, https: str, fault_proxy: Callable[..., FaultProxy], tls_files: TlsFiles | None
+) -> None:
+    data = os.urandom(8 * MIB)
+    nginx.put("blob", data)
+    proxy = _proxy(nginx, fault_proxy, tls_files)
+    proxy.reset_next(1, after_bytes=3 * MIB)
+    client = HttpClient(proxy.url, {}, timeout=120.0)  # longer than the test may take: a wait fails it
+    try:
+        with pytest.raises(OSError):
+            _read(client, 0, 8 * MIB)
+        body, pieces = _read(client, 0, 8 * MIB)  # the next request, on a new connection, is whole
+        assert body == data and pieces[-1] == 1
+    finally:
+        client.close()
+
+
+def test_a_stalled_tls_body_times_out(
+    nginx: Nginx, https: str, fault_proxy: Callable[..., FaultProxy], tls_files: TlsFiles | None
+) -> None:
+    data = os.urandom(4 * MIB)
+    nginx.put("blob", data)
+    proxy = _proxy(nginx, fault_proxy, tls_files)
+    proxy.stall_next(1, after_bytes=1 * MIB, seconds=30)
+    client = HttpClient(proxy.url, {}, timeout=1.0)
+    try:
+        with pytest.raises(TimeoutError):
+            _read(client, 0, 4 * MIB)
+        proxy.clear_faults()
+        body, _ = _read(client, 0, 4 * MIB)
+        assert body == data
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_an_https_mount_serves_the_source_bytes(
+    native: str, nginx: Nginx, https: str, mount: MountFn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dd``/``cmp`` of every tensor and of ``files/`` over HTTPS, bodies read by stfs._tls and (STFS_NATIVE=0)
+    by Python's ssl."""
+    monkeypatch.setenv("STFS_NATIVE", native)
+    source = big_model(tmp_path / "m" / "model.safetensors", tensors=3, tensor_bytes=3 * MIB + 4321)
+    base = publish_nginx(nginx, source.parent, "models/m").replace(nginx.url, https)
+    mnt = mount(f"{base}/model.safetensors")
+    raw = source.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + length])
+    for index in range(3):  # before files/: each tensor's bytes fetched by its own reads
+        path = f"{mnt}/tensors/layers/{index}/weight"
+        lo, hi = (8 + length + offset for offset in header[f"layers.{index}.weight"]["data_offsets"])
+        read = subprocess.run(["dd", f"if={path}", "bs=1M", "status=none"], capture_output=True, check=True).stdout
+        assert read == raw[lo:hi], path
+    assert subprocess.run(["cmp", source, f"{mnt}/files/model.safetensors"]).returncode == 0
