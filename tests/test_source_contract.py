@@ -2,8 +2,9 @@
 
 A new source joins by adding a ``Setup`` to ``SETUPS``: a way to publish a tree of files (with the test
 servers of tests/servers.py where it needs one) and open the source that serves them. Every test here then
-runs against it: local files, S3 (moto) and the Hub (nginx). Plain HTTP cannot list a folder, so it has
-no setup here; tests/test_remote*.py cover it.
+runs against it: local files, S3 (moto), the Hub (nginx) and the Hub over HTTPS (its API and its CDN behind the
+tests' proxy serving TLS: bodies read by stfs._tls). Plain HTTP cannot list a folder, so it has no setup here;
+tests/test_remote*.py cover it.
 """
 
 from __future__ import annotations
@@ -52,10 +53,22 @@ def _hub(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[By
     return open_source("hf://org/contract")
 
 
-SETUPS = [Setup("local", _local), Setup("s3", _s3), Setup("hub", _hub)]
+def _hub_over_tls(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
+    hub, tls_files = request.getfixturevalue("hub"), request.getfixturevalue("tls_files")
+    if tls_files is None:
+        pytest.skip("no TLS here (cryptography)")
+    make_proxy = request.getfixturevalue("fault_proxy")
+    api, cdn = make_proxy(hub.nginx.hub_url, tls_files), make_proxy(hub.nginx.cdn_url, tls_files)
+    hub.nginx.set_redirect_base(cdn.url)
+    request.getfixturevalue("monkeypatch").setenv("HF_ENDPOINT", api.url)
+    hub.publish_repo("org", "contract", files)
+    return open_source("hf://org/contract")
+
+
+SETUPS = [Setup("local", _local), Setup("s3", _s3), Setup("hub", _hub), Setup("hub-https", _hub_over_tls)]
 
 FILES: Files = {
-    "a.safetensors": random.Random(1).randbytes(300_000),
+    "a.safetensors": random.Random(1).randbytes(1_000_000),  # blocks of it longer than an HTTPS read's slice
     "sub/b.bin": b"0123456789" * 1000,
     "sub/deeper/c.json": b'{"x": 1}',
     "empty": b"",
@@ -111,7 +124,7 @@ def test_read_into_fills_the_buffer(published: tuple[ByteSource, str]) -> None:
     source, root = published
     key = join_key(root, "a.safetensors")
     data = FILES["a.safetensors"]
-    for offset, size in [(0, 8), (1001, 4096), (len(data) - 5000, 5000), (7, 299_993)]:
+    for offset, size in [(0, 8), (1001, 4096), (len(data) - 5000, 5000), (7, 299_993), (1001, 600_000)]:
         buffer = bytearray(size)
         assert source.read_into(key, offset, memoryview(buffer)) == size
         assert bytes(buffer) == data[offset : offset + size]
