@@ -7,9 +7,9 @@
 bench_remote's 1 GiB model (eight 128 MiB tensors) behind bench_remote's nginx; per round and checkout, each on
 a fresh mount: ``dd`` of tensor ``t2``, ``dd`` of ``files/model.safetensors``, ``cat`` of every ``tensors/``
 file, each followed by ``curl -r`` of as many bytes. The order of the checkouts flips every round. Prints each
-ratio, then the daemon's CPU-seconds per GB of each read, and their medians. ``--https``: the same over nginx's TLS port (a test CA, trusted through
-``SSL_CERT_FILE``). ``--hot``: instead, ``dd`` of ``t2`` four times on one mount, the page cache dropped before
-each (the first fetches, the rest find every block in the block cache).
+ratio, then the daemon's CPU-seconds per GB of each read, and their medians. ``--https``: the same over nginx's
+TLS port (a test CA, trusted through ``SSL_CERT_FILE``). ``--hot``: instead, ``dd`` of ``t2`` four times on one
+mount, the page cache dropped before each (the first fetches, the rest find every block in the block cache).
 """
 
 from __future__ import annotations
