@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from stfs.sources import tls
-from stfs.sources.http_client import SLICE, HttpClient
+from stfs.sources.http_client import SLICE, HttpClient, https_context
 from tests.helpers import IN_CI, MountFn
 from tests.remote_helpers import MIB, big_model, publish_nginx
 from tests.servers import FaultProxy, Nginx, TlsFiles
@@ -102,6 +102,18 @@ def test_stfs_tls_reads_only_the_ssl_object_python_says_is_there(nginx: Nginx, h
     with socket.create_connection(("127.0.0.1", port)) as plain:
         assert tls.reader(plain) is None
     assert tls.reader(None) is None
+
+
+def test_https_clients_share_one_context_per_ca_store(
+    https: str, tls_files: TlsFiles | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Making a context loads the CA store (tens of ms): every client of the process shares one, and another
+    ``SSL_CERT_FILE`` gets its own."""
+    assert tls_files is not None
+    first, second = HttpClient(https, {}, timeout=3.0), HttpClient("https://localhost:1", {}, timeout=3.0)
+    assert first._context is not None and first._context is second._context is https_context()
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_files.ca))
+    assert https_context() is not first._context and https_context() is https_context()
 
 
 @pytest.mark.parametrize("fault", ["cut short", "stalled"])

@@ -132,6 +132,9 @@ class Transport:
         """Requests its client made to find where files are (the Hub's HEADs); none where no client was made."""
         return 0
 
+    def prepare(self) -> None:
+        """Work a mount does at once, off the read path, so that the first read does not (none here)."""
+
     def describe(self, key: str) -> Listing | None:
         """What the store knows of ``key`` without a request (the Hub's file list, an S3 listing already made);
         else ``None``."""
@@ -226,7 +229,9 @@ class RemoteFiles:
         self._arrived = 0  # pieces of bodies arrived: how a waiting reader sees a slow link move
         self._get_rate = float("inf")  # bytes/s one obstore GET brought last: sizes the next (_get_pieces)
         self.ignores_range = False
-        if prefault:  # a mount: the slots a sequential reader cycles through, faulted in while the header is read
+        if (
+            prefault
+        ):  # a mount: the transport prepared, the slots a reader cycles through faulted in, as headers are read
             threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
 
     # -- the ByteSource interface ------------------------------------------------------------------------------
@@ -778,6 +783,7 @@ class RemoteFiles:
                 lent.clear()
 
     def _prefault(self) -> None:
+        self.transport.prepare()
         self._block_cache().populate(self.max_window * 2 + PREFAULT_EXTRA)
 
     def _block_cache(self) -> SlotCache:

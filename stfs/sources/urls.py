@@ -19,7 +19,7 @@ from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
 from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
-from .http_client import HttpClient, ResolvingClient, SignedClient
+from .http_client import HttpClient, ResolvingClient, SignedClient, https_context
 from .remote import Listing, RemoteFiles, Transport
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,10 @@ class HttpTransport(Transport):
         if self._client is None:
             self._client = HttpClient(self.base, self.headers, self.timeout, self.query)
         return self._client
+
+    def prepare(self) -> None:
+        if self.base.startswith("https:"):
+            https_context()
 
     def refuse_if_expired(self) -> None:
         if self.expired:
@@ -169,6 +173,11 @@ class S3Transport(Transport):
             self._client = SignedClient(self._sign, SIGNED_FOR, self.timeout)
         return self._client
 
+    def prepare(self) -> None:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "https:"
+        if endpoint.startswith("https:"):  # AWS's own, or a store of its own over TLS
+            https_context()
+
     def _sign(self, path: str, lifetime: float) -> str:
         import obstore
 
@@ -242,6 +251,10 @@ class HubTransport(Transport):
 
     def lookups(self) -> int:
         return self._client.lookups if self._client is not None else 0
+
+    def prepare(self) -> None:
+        if self.endpoint.startswith("https:"):
+            https_context()  # the Hub's, and its CDN's where it points there (the Hub's own does)
 
     def make_store(self) -> Any:
         from obstore.store import HTTPStore
