@@ -253,9 +253,6 @@ class Transfer:
     bytes: int
 
 
-LOG_QUIET = 0.1  # seconds without a new line before an access log counts as written
-
-
 class AccessLog:
     """An nginx access log written in the ``stfs`` JSON format."""
 
@@ -263,22 +260,17 @@ class AccessLog:
         self.path = path
 
     def entries(self, at_least: int = 0, timeout: float = 5.0) -> list[LogEntry]:
-        """Every request logged so far (since the last ``clear``), once no line has come for ``LOG_QUIET`` s.
+        """Every request logged so far (since the last ``clear``).
 
-        nginx writes a line once a response is sent, which can be a moment after the client has read it, so a test
-        reading the log right after its requests could miss the last of them. ``at_least``: wait for that many
-        too. Returns what there is after ``timeout`` s in any case.
+        nginx writes a line once a response is sent, which can be a moment after the client has read it:
+        pass ``at_least`` to wait (up to ``timeout`` s) for the requests a test knows it made.
         """
         deadline = time.monotonic() + timeout
-        found, changed = self._read(), time.monotonic()
-        while time.monotonic() < deadline:
-            if len(found) >= at_least and time.monotonic() - changed >= LOG_QUIET:
-                break
+        while True:
+            found = self._read()
+            if len(found) >= at_least or time.monotonic() > deadline:
+                return found
             time.sleep(0.01)
-            now = self._read()
-            if len(now) != len(found):
-                found, changed = now, time.monotonic()
-        return found
 
     def transfer(self, at_least: int = 0) -> Transfer:
         found = self.entries(at_least)
