@@ -229,9 +229,7 @@ class RemoteFiles:
         self._arrived = 0  # pieces of bodies arrived: how a waiting reader sees a slow link move
         self._get_rate = float("inf")  # bytes/s one obstore GET brought last: sizes the next (_get_pieces)
         self.ignores_range = False
-        if (
-            prefault
-        ):  # a mount: the transport prepared, the slots a reader cycles through faulted in, as headers are read
+        if prefault:  # a mount: the transport prepared and the first slots faulted in while headers are read
             threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
 
     # -- the ByteSource interface ------------------------------------------------------------------------------

@@ -174,8 +174,8 @@ class S3Transport(Transport):
         return self._client
 
     def prepare(self) -> None:
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "https:"
-        if endpoint.startswith("https:"):  # AWS's own, or a store of its own over TLS
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint is None or endpoint.startswith("https:"):  # AWS's own endpoints are HTTPS
             https_context()
 
     def _sign(self, path: str, lifetime: float) -> str:
