@@ -24,9 +24,8 @@ try:
 except ImportError:  # built without a compiler
     _tls = None
 
-AVAILABLE = bool(
-    _tls is not None and os.environ.get("STFS_NATIVE", "1") != "0" and _tls.bind(getattr(_ssl, "__file__", None))
-)
+SWITCHED_OFF = os.environ.get("STFS_NATIVE", "1") == "0"  # stfs._libfuse.NATIVE_VARIABLE, read the same way
+AVAILABLE = bool(_tls is not None and not SWITCHED_OFF and _tls.bind(getattr(_ssl, "__file__", None)))
 _said = False
 
 
@@ -47,5 +46,5 @@ def say_once() -> None:
     global _said
     if not AVAILABLE and not _said:
         _said = True
-        why = "STFS_NATIVE=0" if os.environ.get("STFS_NATIVE", "1") == "0" else "stfs._tls is not available"
+        why = "STFS_NATIVE=0" if SWITCHED_OFF else "stfs._tls is not available"
         log.info("HTTPS bodies are read through Python's ssl (%s): slower", why)
