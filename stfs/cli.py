@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from . import __version__, errors
 from .model import discover, load
 from .options import VIEWS, OptionError, positive_int, seconds, size_bytes, sort_options
-from .sources import open_source
+from .sources import named_source, open_source
 from .sources.base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, is_url
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -162,6 +162,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from .stats import hold_dump_signal
 
     hold_dump_signal()  # before a remote source's threads start, here or in the daemon forked from here
+    args.source = named_source(args.source)
     options = sort_options(args.options)
     views = options.settings.pop("views", [])
     assert isinstance(views, list)
@@ -217,7 +218,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     models = []
     transfer: dict[str, int] | None = None  # what went over the wire, for remote sources
-    for text in args.sources:
+    for text in map(named_source, args.sources):
         source, key = open_source(text, timeout=args.timeout)
         try:
             models += [load(model_source, source) for model_source in discover(key, source)]
@@ -239,6 +240,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     checked = 0
     for text in args.sources:
         try:
+            text = named_source(text)
             source, key = open_source(text, timeout=args.timeout)
             model_sources = discover(key, source)
         except errors.StfsError as exc:

@@ -181,3 +181,33 @@ def test_s3_without_the_bucket_or_the_server(
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{LOCALHOST}:{free_port()}")
     line = one_line(command, "s3://bucket/m.safetensors", tmp_path, "--timeout", "300")
     assert line.endswith("s3://bucket/m.safetensors: connection refused (nothing listens at that address and port)")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("http://127.0.0.1:abc/m.safetensors", "http://127.0.0.1:abc/m.safetensors: not a valid URL: the port is"),
+        ("https://127.0.0.1:99999/m.safetensors", "https://127.0.0.1:99999/m.safetensors: not a valid URL: the port"),
+        (f"http://{BASIC_USER}:{BASIC_PASSWORD}@[::1/m.safetensors?sig=abc", "http://[::1/m.safetensors: not a valid"),
+        ("gs://bucket/m.safetensors", "gs://bucket/m.safetensors: not a source stfs reads (a local path, or an http"),
+    ],
+)
+def test_a_url_stfs_cannot_read(command: str, source: str, expected: str, tmp_path: Path) -> None:
+    line = one_line(command, source, tmp_path)
+    assert line.startswith(f"stfs: {expected}") or line.startswith(expected), line  # check prints no "stfs: "
+    assert BASIC_PASSWORD not in line and "sig=" not in line
+
+
+def test_a_url_scheme_in_capitals_is_the_same_url(nginx: Nginx, tmp_path: Path) -> None:
+    url = nginx.put("m.safetensors", model_bytes(tmp_path))
+    result = run([sys.executable, "-m", "stfs", "check", "HTTP" + url.removeprefix("http")], timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == f"{url}: ok (1 tensors)", result
+
+
+def test_a_local_path_shaped_like_a_url_is_a_path(tmp_path: Path) -> None:
+    folder = tmp_path / "gs:" / "bucket"
+    folder.mkdir(parents=True)
+    (folder / "m.safetensors").write_bytes(model_bytes(tmp_path))
+    result = run([sys.executable, "-m", "stfs", "check", "gs://bucket/m.safetensors"], timeout=60, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip().endswith("gs:/bucket/m.safetensors: ok (1 tensors)"), result

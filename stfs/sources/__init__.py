@@ -1,7 +1,10 @@
 """Byte sources: the interface (``base``), its implementations (``local``), and the one that SOURCE names."""
 
 import os
+import re
+import urllib.parse
 
+from .. import errors
 from .base import (
     DEFAULT_CACHE_SIZE,
     DEFAULT_TIMEOUT,
@@ -31,10 +34,40 @@ __all__ = [
     "SpliceSource",
     "descriptor_budget",
     "base_name",
+    "named_source",
     "join_key",
     "parent_key",
     "relative_key",
 ]
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_USERINFO = re.compile(r"^([a-z0-9+.-]+://)[^/@]*@")
+
+
+def named_source(text: str) -> str:
+    """SOURCE as given on the command line, as stfs reads it: a URL with its scheme in lower case, else the local
+    path unchanged. A URL stfs cannot read (a scheme it does not serve, a host or port that does not parse) is a
+    ``SourceError`` in one line that shows no credentials; a local path of that shape that exists is a path."""
+    match = _SCHEME.match(text)
+    if match is None:
+        return text
+    scheme = match[1].lower()
+    url = scheme + text[len(scheme) :]
+    shown = _USERINFO.sub(r"\1", url).partition("?")[0]  # no password, no query (a presigned URL's signature)
+    if not is_url(url):
+        if os.path.exists(text):
+            return text
+        raise errors.SourceError(f"{shown}: not a source stfs reads (a local path, or an http(s), s3 or hf URL)")
+    if scheme in ("http", "https"):
+        try:
+            urllib.parse.urlsplit(url).port  # noqa: B018 (the port is parsed when asked for)
+        except ValueError as exc:
+            why = str(exc)[:1].lower() + str(exc)[1:]  # "invalid IPv6 URL"
+            if "port" in why.lower():  # never the text taken for a port: it may be a password missing its "@"
+                why = "the port is not a number from 0 to 65535"
+            raise errors.SourceError(f"{shown}: not a valid URL: {why}") from None
+    return url
 
 
 def open_source(

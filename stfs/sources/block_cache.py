@@ -6,7 +6,10 @@ in user space, and a slot's pages, once touched, are reused rather than new memo
 
 ``populate`` faults in the pages of the first slots ahead of any fetch (a mount does it in the background):
 a fresh shared page costs a fault and zeroing, about 1 CPU-second per GB written, as much as the network
-copy; a sequential reader cycles through a few slots, the first ones taken, so it never pays that.
+copy; a sequential reader cycles through a few slots, the first ones taken, so it never pays that. Those
+faulted-in slots are all filled before any is reused, so a model that fits in them stays whole (a read of
+``tensors/`` then of ``files/`` fetches it once); past them, a slot a reader has gone by is reused before a
+fresh one is touched.
 
 A slot holds one block of one file (``owner``: key and block number) and the byte ranges of it filled so
 far. It is never reused while ``users`` (fills, reads, splices in progress) or ``lent`` (pipes holding its
@@ -66,7 +69,8 @@ class SlotCache:
         self._memory = mmap.mmap(self.fd, self.count * slot_size)
         self.view = memoryview(self._memory)
         self._slots = [Slot(index) for index in range(self.count)]
-        self._unused = list(range(self.count - 1, -1, -1))  # never filled: taken before any is evicted
+        self._unused = list(range(self.count - 1, -1, -1))  # never filled, the lowest index taken first
+        self.warm = 0  # slots below this index have their pages faulted in (``populate``)
         self._owned: OrderedDict[Owner, Slot] = OrderedDict()  # least recently used first
         self.shared: SharedBlocks | None = None
 
@@ -78,6 +82,7 @@ class SlotCache:
                 self._memory.madvise(MADV_POPULATE_WRITE, index * self.slot_size, self.slot_size)
             except (OSError, ValueError):  # an older kernel, or the cache closed meanwhile
                 return index
+            self.warm = index + 1
         return min(count, self.count)
 
     def offset(self, slot: Slot, block: int, position: int) -> int:
@@ -111,17 +116,17 @@ class SlotCache:
         return slot
 
     def _take(self, owner: Owner) -> Slot | None:
-        """A slot for ``owner``: one a sequential reader has gone past, else one never used, else the least
-        recently used free one. (A fresh page costs a fault and zeroing, about as much as the network copy: a
-        loader streaming a model through cycles through a few slots; the mount's page cache holds what it read.)"""
+        """A slot for ``owner``: one never used whose pages are faulted in, else one a sequential reader has gone
+        past, else one never used, else the least recently used free one. (A fresh page costs a fault and zeroing,
+        about as much as the network copy: a loader streaming a model through cycles through a few slots; the
+        mount's page cache holds what it read.)"""
         now = time.monotonic()
-        slot = None
-        for candidate in itertools.islice(self._owned.values(), PASSED_SCAN):
-            if candidate.passed and self._reusable(candidate, now):
-                slot = candidate
-                break
-        if slot is None and self._unused:
-            slot = self._slots[self._unused.pop()]
+        slot = self._never_used(warm_only=True)
+        if slot is None:
+            passed = itertools.islice(self._owned.values(), PASSED_SCAN)
+            slot = next((s for s in passed if s.passed and self._reusable(s, now)), None)
+        if slot is None:
+            slot = self._never_used(warm_only=False)
         if slot is None:
             slot = next((s for s in self._owned.values() if self._reusable(s, now)), None)
         if slot is None:
@@ -134,6 +139,11 @@ class SlotCache:
         slot.owner = owner
         self._owned[owner] = slot
         return slot
+
+    def _never_used(self, warm_only: bool) -> Slot | None:
+        if self._unused and (not warm_only or self._unused[-1] < self.warm):
+            return self._slots[self._unused.pop()]
+        return None
 
     def _reusable(self, slot: Slot, now: float) -> bool:
         """Whether ``slot`` may take another block: free here, and withdrawn from ``shared`` with no reply there
