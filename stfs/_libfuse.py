@@ -27,6 +27,7 @@ import fcntl
 import logging
 import mmap
 import os
+import stat
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -36,7 +37,7 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # else mfusepy may load lib
 import mfusepy  # noqa: E402
 from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
 
-from . import stopping  # noqa: E402
+from . import errors, stopping  # noqa: E402
 from .nodes import Decoded, DirNode, FileNode, Node, Range, ShardData, clamp, pieces  # noqa: E402
 from .readahead import Readahead  # noqa: E402
 from .sources import PAGE, ByteSource, SpliceSource  # noqa: E402
@@ -103,8 +104,8 @@ class StfsFUSE(mfusepy.FUSE):
             super().__init__(served, mountpoint, **options)
         finally:
             mfusepy.fuse_main_real = real
+            native.close()  # first: while the tables are installed, reader() refuses (and would hide why it ended)
             native.reader(None)
-            native.close()
 
     def init_fuse_3(self, conn: Any, config: Any) -> None:
         stopping.watch(_session_exited())
@@ -348,13 +349,51 @@ def serve(operations: StfsOperations, mountpoint: str, foreground: bool = True, 
     stats = from_environment()
     if stats is not None:
         stats.dump_on_sigusr1()
+    logged = _log_size()
     try:
         StfsFUSE(operations, mountpoint, stats=stats, foreground=foreground, **options)
     except RuntimeError as exc:
         # libfuse's loop reports the signal that stopped it as an error; after a served mount that is a clean stop
         if not operations.served:
-            raise RuntimeError(f"libfuse could not mount {mountpoint} (error {exc})") from None
-        log.info("stopped by signal %s; unmounted %s", exc, mountpoint)
+            # what libfuse or fusermount3 printed, e.g. "fuse: unknown option(s): `-o bogus'"; on a terminal it is
+            # there already
+            said = _logged_since(logged) or f"{_MAIN_FAILURES.get(str(exc), exc)} (libfuse's reason is above)"
+            raise errors.MountError(f"{mountpoint}: libfuse refused the mount: {said}") from None
+        log.info("stopped by a signal (fuse_main returned %s); unmounted %s", exc, mountpoint)
     finally:
         if stats is not None:
             stats.dump()
+
+
+# fuse_main_real's return values (libfuse's helper.c)
+_MAIN_FAILURES = {
+    "1": "invalid arguments",
+    "2": "no mountpoint",
+    "3": "it could not set up the session",
+    "4": "mounting failed",
+    "5": "it could not run in the background",
+    "6": "it could not set up signal handlers",
+}
+
+
+def _log_size() -> int | None:
+    """How long the file stderr goes to is (a daemon's log), or ``None`` if it is not a file (a terminal)."""
+    try:
+        info = os.fstat(2)
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+def _logged_since(size: int | None) -> str:
+    """The lines written to stderr's file past ``size``, that are not stfs's own log lines, joined in one line."""
+    if size is None:
+        return ""
+    try:
+        with open("/proc/self/fd/2", "rb") as log_file:  # stderr itself is write-only
+            log_file.seek(size)
+            written = log_file.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in written.splitlines() if line.strip() and " stfs" not in line[:40]]
+    return "; ".join(lines)[:500]

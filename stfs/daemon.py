@@ -255,7 +255,13 @@ def _daemon_main(make_plan: Callable[[], MountPlan], log_file: str, ready_fd: in
             os.close(ready_fd)
             log.info("serving %s at %s", plan.source, plan.mountpoint)
 
-        _serve(plan, report_ready)
+        try:
+            _serve(plan, report_ready)
+        except errors.StfsError as exc:  # libfuse refused the mount (its words): one line, as a planning error
+            log.error("%s", exc.message)
+            with contextlib.suppress(OSError):
+                tell("error", exc.message.replace("\n", " "))
+            return
         status = 0
     except BaseException as exc:  # the parent must hear why, whatever happened
         log.exception("daemon failed")

@@ -248,7 +248,7 @@ def _read_index(source: ByteSource, index: str) -> tuple[dict, bytes]:
     try:
         raw = source.read(index, 0, MAX_INDEX_LENGTH + 1)
     except OSError as exc:
-        raise errors.InvalidIndex(f"{index}: cannot read index: {exc.strerror}") from exc
+        raise errors.InvalidIndex(f"{index}: cannot read index: {exc.strerror or exc}") from exc
     if len(raw) > MAX_INDEX_LENGTH:
         raise errors.InvalidIndex(f"{index}: index is larger than {MAX_INDEX_LENGTH} bytes")
     try:

@@ -420,6 +420,40 @@ def test_bad_mountpoints(tmp_path, rich: str, require_fuse: None) -> None:  # no
     assert result.returncode == 1 and "not a directory" in result.stderr
 
 
+def test_an_option_libfuse_refuses_is_its_one_line_and_nothing_mounted(
+    tmp_path,
+    rich: str,
+    require_fuse: None,  # noqa: ANN001
+) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    refused = "libfuse refused the mount: "
+    result = run(["stfs", "mount", rich, str(mnt), "-o", "ro,no_such_option=1", "--log-file", str(tmp_path / "log")])
+    assert result.returncode == 1 and not os.path.ismount(mnt)
+    assert result.stderr.strip() == f"stfs: {mnt}: {refused}fuse: unknown option(s): `-o no_such_option=1'"
+    # in the foreground libfuse says it on stderr itself, then stfs its line (it was a traceback ending in
+    # "RuntimeError: libfuse could not mount ... (error the session has started)")
+    result = run(["stfs", "mount", rich, str(mnt), "-f", "-o", "no_such_option=1"])
+    assert result.returncode == 1 and not os.path.ismount(mnt)
+    assert result.stderr.strip().splitlines() == [
+        "fuse: unknown option(s): `-o no_such_option=1'",
+        f"stfs: {mnt}: {refused}it could not set up the session (libfuse's reason is above)",
+    ]
+
+
+def test_an_unmounted_daemon_ends_without_an_error(tmp_path, rich: str, require_fuse: None) -> None:  # noqa: ANN001
+    mnt, log = tmp_path / "mnt", tmp_path / "log"
+    mnt.mkdir()
+    assert run(["stfs", "mount", rich, str(mnt), "--log-file", str(log)]).returncode == 0
+    pid = daemon_pid(str(mnt))
+    assert run(["stfs", "unmount", str(mnt)]).returncode == 0
+    deadline = time.monotonic() + 10
+    while pid is not None and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the session's end raised "the session has started", logged as "stopped by signal the session has started"
+    assert "stopped" not in log.read_text() and "ERROR" not in log.read_text(), log.read_text()
+
+
 def test_python_context_manager(tmp_path, rich: str, require_fuse: None) -> None:  # noqa: ANN001
     mnt = tmp_path / "mnt"
     mnt.mkdir()

@@ -211,3 +211,12 @@ def test_a_local_path_shaped_like_a_url_is_a_path(tmp_path: Path) -> None:
     (folder / "m.safetensors").write_bytes(model_bytes(tmp_path))
     result = run([sys.executable, "-m", "stfs", "check", "gs://bucket/m.safetensors"], timeout=60, cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.strip().endswith("gs:/bucket/m.safetensors: ok (1 tensors)"), result
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_folder_of_a_plain_http_server(command: str, nginx: Nginx, tmp_path: Path) -> None:
+    nginx.put("models/m.safetensors", model_bytes(tmp_path))
+    folder = f"{nginx.url}/models/"
+    line = one_line(command, folder, tmp_path)
+    assert line.endswith(f"{folder}: this kind of server cannot list a folder; name a .safetensors file or an index")
+    assert line.count(folder) == 1, line

@@ -249,7 +249,7 @@ class RemoteFiles:
     def walk(self, folder: str) -> list[str]:
         listed = self._list(folder)
         if listed is None:
-            raise OSError(f"{folder}: this kind of server cannot list a folder; name a .safetensors file or an index")
+            raise OSError("this kind of server cannot list a folder; name a .safetensors file or an index")
         return listed
 
     def stat(self, key: str) -> FileInfo:
