@@ -220,3 +220,33 @@ def test_a_folder_of_a_plain_http_server(command: str, nginx: Nginx, tmp_path: P
     line = one_line(command, folder, tmp_path)
     assert line.endswith(f"{folder}: this kind of server cannot list a folder; name a .safetensors file or an index")
     assert line.count(folder) == 1, line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(
+    ("variable", "value", "source"),
+    [
+        ("AWS_ENDPOINT_URL", "garbage", "s3://bucket/m.safetensors"),  # obstore panicked on these three
+        ("AWS_ENDPOINT_URL", f"http://{LOCALHOST}:abc", "s3://bucket/m.safetensors"),
+        ("AWS_ENDPOINT_URL_S3", "http://[::1", "s3://bucket/"),
+        ("AWS_ENDPOINT_URL", "ftp://127.0.0.1", "s3://bucket/m.safetensors"),
+        ("HF_ENDPOINT", f"http://{LOCALHOST}:abc", "hf://org/repo"),  # a traceback from urllib
+        ("HF_ENDPOINT", "huggingface.co", "hf://org/repo"),
+    ],
+)
+def test_an_endpoint_that_is_not_a_url(
+    command: str, variable: str, value: str, source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stfs-test")  # credentials at hand: nothing asks the instance first
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv(variable, value)
+    line = one_line(command, source, tmp_path)
+    assert line.endswith(f"{variable}={value}: not an http:// or https:// URL with a host and a valid port"), line
+    assert SECRET not in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_repository_name_the_hub_cannot_have(command: str, hub: FakeHub, tmp_path: Path) -> None:
+    line = one_line(command, "hf://org/re po", tmp_path)  # it said "cannot reach https://…: Repo id must use…"
+    assert "hf://org/re po@main: Repo id must use alphanumeric chars" in line and "cannot reach" not in line, line

@@ -2,7 +2,6 @@
 
 import os
 import re
-import urllib.parse
 
 from .. import errors
 from .base import (
@@ -20,6 +19,8 @@ from .base import (
     join_key,
     parent_key,
     relative_key,
+    shown_url,
+    url_problem,
 )
 from .local import LocalFiles, descriptor_budget
 
@@ -42,7 +43,6 @@ __all__ = [
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_USERINFO = re.compile(r"^([a-z0-9+.-]+://)[^/@]*@")
 
 
 def named_source(text: str) -> str:
@@ -54,19 +54,14 @@ def named_source(text: str) -> str:
         return text
     scheme = match[1].lower()
     url = scheme + text[len(scheme) :]
-    shown = _USERINFO.sub(r"\1", url).partition("?")[0]  # no password, no query (a presigned URL's signature)
+    shown = shown_url(url)
     if not is_url(url):
         if os.path.exists(text):
             return text
         raise errors.SourceError(f"{shown}: not a source stfs reads (a local path, or an http(s), s3 or hf URL)")
-    if scheme in ("http", "https"):
-        try:
-            urllib.parse.urlsplit(url).port  # noqa: B018 (the port is parsed when asked for)
-        except ValueError as exc:
-            why = str(exc)[:1].lower() + str(exc)[1:]  # "invalid IPv6 URL"
-            if "port" in why.lower():  # never the text taken for a port: it may be a password missing its "@"
-                why = "the port is not a number from 0 to 65535"
-            raise errors.SourceError(f"{shown}: not a valid URL: {why}") from None
+    problem = url_problem(url) if scheme in ("http", "https") else None
+    if problem is not None:
+        raise errors.SourceError(f"{shown}: not a valid URL: {problem}")
     return url
 
 

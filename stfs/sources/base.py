@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import urllib.parse
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, runtime_checkable
@@ -26,6 +27,28 @@ DEFAULT_TIMEOUT = 30.0  # remote sources: seconds before a read gives up
 def is_url(text: str) -> bool:
     """Whether a SOURCE names a remote source (``stfs.sources.urls``) rather than a local path."""
     return text.startswith(URL_SCHEMES)
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
+
+
+def shown_url(url: str) -> str:
+    """``url`` as an error may show it, whether it parses or not: without its user and password, or its query (a
+    presigned URL's signature)."""
+    return _USERINFO.sub(r"\1", url).partition("?")[0]
+
+
+def url_problem(url: str) -> str | None:
+    """Why an http(s) URL cannot be used, in a few words (its host or port does not parse, it has no host), or
+    ``None``. Never the text taken for a port: it may be a password missing its ``@``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (the port is parsed when asked for)
+    except ValueError as exc:
+        if "port" in str(exc).lower():
+            return "the port is not a number from 0 to 65535"
+        return str(exc)[:1].lower() + str(exc)[1:]  # "invalid IPv6 URL"
+    return None if parts.hostname else "no host"
 
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*")

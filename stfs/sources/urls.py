@@ -16,7 +16,7 @@ import urllib.parse
 from typing import Any
 
 from .. import errors
-from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind
+from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind, shown_url, url_problem
 from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
 from .http_client import HttpClient, ResolvingClient, SignedClient, https_context
@@ -131,6 +131,7 @@ class S3Transport(Transport):
     def __init__(self, bucket: str, timeout: float) -> None:
         self.bucket = bucket
         self.base = f"s3://{bucket}"
+        self.endpoint = endpoint_from(("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"))  # None: AWS's own
         self.timeout = timeout
         self._listings: dict[str, list[str]] = {}  # prefix -> its keys: listed once, the mount's snapshot
         self._listed: dict[str, Listing] = {}  # key -> what the listing said of it
@@ -142,9 +143,8 @@ class S3Transport(Transport):
         from obstore.store import S3Store
 
         config: Any = {}
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            config["endpoint"] = endpoint
+        if self.endpoint:
+            config["endpoint"] = self.endpoint
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             config["region"] = region
@@ -174,8 +174,7 @@ class S3Transport(Transport):
         return self._client
 
     def prepare(self) -> None:
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint is None or endpoint.startswith("https:"):  # AWS's own endpoints are HTTPS
+        if self.endpoint is None or self.endpoint.startswith("https:"):  # AWS's own endpoints are HTTPS
             https_context()
 
     def _sign(self, path: str, lifetime: float) -> str:
@@ -347,9 +346,9 @@ def _hub(text: str, timeout: float) -> tuple[HubTransport, str]:
     match = _HUB_REPO.match(text)
     if match is None:
         raise errors.SourceError(f"{text}: not hf://ORG/REPO[@REVISION][/PATH]")
+    endpoint = endpoint_from(("HF_ENDPOINT",)) or "https://huggingface.co"  # before huggingface_hub reads it
     from huggingface_hub import HfApi
 
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     token = os.environ.get("HF_TOKEN") or None
     repo, path = match["repo"], (match["path"] or "").strip("/")
     revision = urllib.parse.unquote(match["revision"] or "main")  # huggingface_hub encodes it again, once
@@ -392,11 +391,26 @@ def hub_failure(exc: BaseException, endpoint: str, token: str | None) -> str:
         return "no such revision (a branch, tag, commit or refs/pr/N)"
     if name == "DisabledRepoError":
         return "the repository is disabled"
+    if name == "HFValidationError":  # a repository name or revision the Hub cannot have; no request was made
+        return first_line(exc)
     if name == "OfflineModeIsEnabled":
         return "HF_HUB_OFFLINE is set: stfs reads the Hub over the network"
     if status is not None or name.startswith("Hf"):
         return first_line(exc)  # e.g. "500 Server Error: Internal Server Error for url: ..."
     return f"cannot reach {endpoint}: {describe(exc).cause}"
+
+
+def endpoint_from(variables: tuple[str, ...]) -> str | None:
+    """The URL the first of ``variables`` set in the environment holds (``None`` if none is), checked: a
+    ``SourceError`` naming the variable if it is not an http(s) URL stfs can use (obstore panics on some)."""
+    name, value = next(((name, os.environ[name]) for name in variables if os.environ.get(name)), ("", None))
+    if value is None:
+        return None
+    if not value.startswith(("http://", "https://")) or url_problem(value) is not None:
+        raise errors.SourceError(
+            f"{name}={shown_url(value)}: not an http:// or https:// URL with a host and a valid port"
+        )
+    return value
 
 
 def _without_credentials(url: str) -> str:
