@@ -6,7 +6,8 @@
 
 bench_remote's 1 GiB model (eight 128 MiB tensors) behind bench_remote's nginx; per round and checkout, each on
 a fresh mount: ``dd`` of tensor ``t2``, ``dd`` of ``files/model.safetensors``, ``cat`` of every ``tensors/``
-file, each followed by ``curl -r`` of as many bytes. The order of the checkouts flips every round. Prints each
+file, each followed by ``curl -r`` of as many bytes. ``--tensors N --tensor-mib M``: a model of N tensors of
+M MiB instead (written once under DIR). The order of the checkouts flips every round. Prints each
 ratio, then the daemon's CPU-seconds per GB of each read, and their medians. ``--https``: the same over nginx's
 TLS port (a test CA, trusted through ``SSL_CERT_FILE``). ``--hot``: instead, ``dd`` of ``t2`` four times on one
 mount, the page cache dropped before each (the first fetches, the rest find every block in the block cache).
@@ -39,11 +40,12 @@ def curl_seconds(url: str, size: int) -> float:
 def one_round(url: str, mnt: str, spans: dict[str, tuple[int, int]], options: list[str]) -> list[float]:
     """stfs ÷ curl for one tensor, files/ and the whole of tensors/, then the daemon's CPU-seconds per GB of each."""
     ratios, cpu = [], []
-    for what in ("tensors/t2", "files/model.safetensors", "cat"):
+    for what in ("tensors/t2", f"files/{url.rpartition('/')[2]}", "cat"):
         with bench_remote.stfs_mounted(url, mnt, options) as mount:
             before = cpu_seconds(mount.pid)
             if what == "cat":
-                paths = [os.path.join(mount.mountpoint, "tensors", name) for name in sorted(spans)]
+                in_file_order = sorted(spans, key=spans.get)
+                paths = [os.path.join(mount.mountpoint, "tensors", name) for name in in_file_order]
                 began = time.monotonic()
                 subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
                 seconds, size = time.monotonic() - began, sum(hi - lo for lo, hi in spans.values())
@@ -76,6 +78,8 @@ def main() -> int:
     parser.add_argument("-o", dest="option", action="append", default=[], help="stfs mount -o options")
     parser.add_argument("--hot", action="store_true")
     parser.add_argument("--https", action="store_true", help="over nginx's TLS port")
+    parser.add_argument("--tensors", type=int, default=bench_remote.TENSORS, help="tensors of the model")
+    parser.add_argument("--tensor-mib", type=int, default=bench_remote.TENSOR_BYTES >> 20, help="MiB of each")
     args = parser.parse_args()
     checkouts = [spec.partition("=")[::2] for spec in args.checkout] or [("this", REPO)]
     data = os.path.join(args.data, "remote")
@@ -84,7 +88,10 @@ def main() -> int:
         os.environ["SSL_CERT_FILE"] = str(tls.bundle)  # the daemons and curl trust the test CA this way
     nginx = Nginx(Path(data) / "nginx", tls=tls)
     nginx.root.mkdir(parents=True, exist_ok=True)
-    model, spans = bench_remote.the_model(nginx.root)
+    each = args.tensor_mib << 20
+    standard = (args.tensors, each) == (bench_remote.TENSORS, bench_remote.TENSOR_BYTES)
+    name = "model.safetensors" if standard else f"model-{args.tensors}x{args.tensor_mib}M.safetensors"
+    model, spans = bench_remote.the_model(nginx.root, name, args.tensors, each)
     options = [item for option in args.option for item in ("-o", option)]
     nginx.start()
     results: dict[str, list[list[float]]] = {label: [] for label, _ in checkouts}

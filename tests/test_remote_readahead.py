@@ -93,6 +93,26 @@ def test_a_reader_in_file_order_reads_ahead_across_tensors(
     assert len({entry.connection for entry in nginx.log.entries()}) >= 2  # fetched in parallel
 
 
+def test_the_next_tensor_is_read_on_into_when_c_answered_the_rest_of_the_one_before(
+    nginx: Nginx, served: tuple[Path, str], mount: MountFn
+) -> None:
+    """stfs._native answers reads of blocks already fetched without Python seeing them: the reader is last seen at
+    the start of the fourth tensor, then asks for the fifth. It goes on from where the fourth ends: across spans."""
+    local, url = served
+    mnt = mount(url)
+    bounds = spans(local)
+    assert bounds[3][0] // DEFAULT_BLOCK_SIZE == bounds[5][0] // DEFAULT_BLOCK_SIZE == 1  # 3, 4, most of 5 in block 1
+    third, fourth = sorted(named_spans(local), key=named_spans(local).get)[3:5]  # in file order
+    expected = tensor_bytes(str(local), third)
+    assert read_cold(tensor_path(mnt, third), 0, 4096) == expected[:4096]  # fetches its part of block 1: all of it
+    assert read_cold(tensor_path(mnt, third), 4096) == expected[4096:]  # C's, where it is built
+    nginx.log.clear()
+    assert read_cold(tensor_path(mnt, fourth)) == tensor_bytes(str(local), fourth)
+    ranges = fetched_ranges(nginx, "m.safetensors")
+    # before: a new reader, its fetches clipped to the fifth tensor
+    assert crossing(ranges, [bounds[5][0]]) >= 1, [(lo / MIB, hi / MIB) for lo, hi in ranges]
+
+
 def test_a_jump_to_one_tensor_through_files_fetches_only_around_it(
     nginx: Nginx, served: tuple[Path, str], mount: MountFn
 ) -> None:

@@ -703,7 +703,7 @@ class RemoteFiles:
             if stream is None:
                 # A read in the first read's bytes is a header's (safe_open reads it, then jumps): not yet a reader
                 # of the file from its start.
-                stream = _Stream(end, low, jump=offset != low or offset < len(pin.head))
+                stream = _Stream(end, low, high, jump=offset != low or offset < len(pin.head))
                 stream.proof = HEADER_PROOF if offset < len(pin.head) else JUMP_PROOF
                 left = next((s for s in streams if s.jump and _near(s, offset, FORWARD_SLACK)), None)
                 if left is not None:  # a reader not yet sequential that jumped on from there: this one, anew
@@ -714,10 +714,14 @@ class RemoteFiles:
             else:
                 streams.remove(stream)
                 streams.append(stream)
-                if low != stream.low and abs(stream.next - low) <= PAGE:  # on into the next span: a whole-file reader
-                    stream.crossed, stream.jump, stream.low = True, False, low
+                # On into the next span: a whole-file reader. For one that started at its span's first byte, where
+                # that span ends, not where it was last seen: stfs._native answers the reads of blocks already here
+                # without telling this code. (A jump stays one until it has read to the end of its span.)
+                ends = (stream.next,) if stream.jump else (stream.next, stream.high)
+                if low != stream.low and any(abs(end - low) <= PAGE for end in ends):
+                    stream.crossed, stream.jump, stream.low, stream.high = True, False, low, high
                 elif low != stream.low:  # another span, not the next one: a new start
-                    streams[-1] = stream = _Stream(end, low, jump=offset != low)
+                    streams[-1] = stream = _Stream(end, low, high, jump=offset != low)
                 stream.read += max(0, end - stream.next)
                 stream.next = max(stream.next, end)
                 behind = (stream.next - BACKWARD_SLACK) // self.block_size  # blocks before it are done with
@@ -807,11 +811,11 @@ class RemoteFiles:
 class _Stream:
     """One reader of a file: where it is, the span it is in, and how far ahead of it to fetch."""
 
-    __slots__ = ("next", "low", "jump", "proof", "crossed", "window", "read", "passed")
+    __slots__ = ("next", "low", "high", "jump", "proof", "crossed", "window", "read", "passed")
 
-    def __init__(self, next_offset: int, low: int, jump: bool) -> None:
+    def __init__(self, next_offset: int, low: int, high: int, jump: bool) -> None:
         self.next = next_offset
-        self.low = low  # the span (tensor) it reads now
+        self.low, self.high = low, high  # the span (tensor) it reads now
         self.jump = jump  # it started inside a span (or a header): exactly what it asks until ``proof`` bytes on
         self.proof = JUMP_PROOF
         self.crossed = False  # it went on from one span into the next: its window crosses spans
