@@ -27,6 +27,7 @@ import fcntl
 import logging
 import mmap
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable
@@ -376,6 +377,9 @@ _MAIN_FAILURES = {
 }
 
 
+_LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # stfs's own lines begin with their time
+
+
 def _log_size() -> int | None:
     """How long the file stderr goes to is (a daemon's log), or ``None`` if it is not a file (a terminal)."""
     try:
@@ -386,7 +390,8 @@ def _log_size() -> int | None:
 
 
 def _logged_since(size: int | None) -> str:
-    """The lines written to stderr's file past ``size``, that are not stfs's own log lines, joined in one line."""
+    """The lines written to stderr's file past ``size`` but stfs's own log lines (libfuse's, fusermount3's), in one
+    line."""
     if size is None:
         return ""
     try:
@@ -395,5 +400,5 @@ def _logged_since(size: int | None) -> str:
             written = log_file.read(4096).decode("utf-8", "replace")
     except OSError:
         return ""
-    lines = [line.strip() for line in written.splitlines() if line.strip() and " stfs" not in line[:40]]
+    lines = [line.strip() for line in written.splitlines() if line.strip() and not _LOG_LINE.match(line)]
     return "; ".join(lines)[:500]

@@ -141,6 +141,7 @@ class SlotCache:
         return slot
 
     def _never_used(self, warm_only: bool) -> Slot | None:
+        """The lowest slot never filled (with ``warm_only``, only if ``populate`` has faulted its pages in)."""
         if self._unused and (not warm_only or self._unused[-1] < self.warm):
             return self._slots[self._unused.pop()]
         return None
