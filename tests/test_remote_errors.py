@@ -250,3 +250,20 @@ def test_an_endpoint_that_is_not_a_url(
 def test_a_repository_name_the_hub_cannot_have(command: str, hub: FakeHub, tmp_path: Path) -> None:
     line = one_line(command, "hf://org/re po", tmp_path)  # it said "cannot reach https://…: Repo id must use…"
     assert "hf://org/re po@main: Repo id must use alphanumeric chars" in line and "cannot reach" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("url", "line"),
+    [
+        ("https:///m.safetensors", "https:///m.safetensors: not a valid URL: no host"),
+        (f"http://{LOCALHOST}:abc/m.safetensors", f"http://{LOCALHOST}:abc/m.safetensors: not a valid URL: the port"),
+        (f"http://{BASIC_USER}:{BASIC_PASSWORD}@[::1/m.safetensors", "http://[::1/m.safetensors: not a valid URL"),
+    ],
+)
+def test_a_url_that_does_not_parse_is_refused_by_the_source_itself(url: str, line: str) -> None:
+    from stfs import errors
+    from stfs.sources.urls import open_remote
+
+    with pytest.raises(errors.SourceError) as refused:  # what a caller of open_source gets, no request made
+        open_remote(url)
+    assert refused.value.message.startswith(line) and BASIC_PASSWORD not in refused.value.message

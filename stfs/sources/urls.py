@@ -319,9 +319,11 @@ def open_remote(
             raise errors.SourceError(f"{text}: no bucket in the URL (s3://BUCKET/KEY)")
         transport, key = S3Transport(bucket, timeout), f"s3://{bucket}/{path}" if path else f"s3://{bucket}/"
     else:
+        problem = url_problem(text)  # the command line checked it already (named_source); a caller of ours may not
+        if problem is not None:
+            raise errors.SourceError(f"{shown_url(text)}: not a valid URL: {problem}")
         parts = urllib.parse.urlsplit(text)
-        if not parts.hostname:
-            raise errors.SourceError(f"{_without_credentials(text)}: no host in the URL")
+        assert parts.hostname is not None
         headers = {}
         if parts.username is not None or parts.password is not None:
             user = urllib.parse.unquote(parts.username or "")
@@ -411,13 +413,3 @@ def endpoint_from(variables: tuple[str, ...]) -> str | None:
             f"{name}={shown_url(value)}: not an http:// or https:// URL with a host and a valid port"
         )
     return value
-
-
-def _without_credentials(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None and parts.username is None:
-        return url
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
