@@ -4,7 +4,13 @@ A 1 GiB model of eight 128 MiB tensors (``t0`` … ``t7``, random bytes) behind 
 ``Nginx``, its own config and access log under ``--data``), and the same behind tests/servers.py's
 ``FaultProxy`` with 20 ms added to every request. Each run, side by side:
 
-  curl       ``curl -r START-END`` of tensor ``t2``'s byte range (the single-stream reference)
+  curl       ``curl -r START-END`` of tensor ``t2``'s byte range (the single-stream reference), and of the
+             whole data, to /dev/null and into a new file in /dev/shm: what a program that keeps the bytes
+             in memory gets (the targets divide by the first, which fills no memory); and the whole data
+             as 8 MiB GETs, eight at a time, to /dev/null: what parallel GETs get from the same server (or
+             through the same proxy: its own ceiling)
+  fresh      1 GiB of new anonymous memory, one byte written to every page: what memory the kernel hands out
+             for the first time costs here (a VM whose host takes back freed memory faults it in again)
   stfs       ``dd bs=1M`` of ``tensors/t2`` on a fresh ``stfs mount http://…/model.safetensors MNT``;
              ``cat`` of every ``tensors/`` file on a fresh mount
   rclone     ``rclone mount :http: MNT --http-url http://…/ --read-only`` (foreground, stopped with
@@ -25,14 +31,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import mmap
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -65,6 +74,7 @@ LATENCY = 0.02
 CACHE_SIZE = "256M"
 CACHE_BYTES = 256 * MIB
 MEMORY_SLACK = 150 * MIB
+PARALLEL, PARALLEL_GET = 8, 8 * MIB  # stfs's window: eight blocks of 8 MiB in flight
 
 # case -> (stfs ÷ curl, stfs ÷ rclone default) for one tensor and for the whole model (tensors/ and files/)
 TARGETS = {
@@ -191,8 +201,8 @@ def timed_cat(paths: list[str]) -> float:
 # ---------------------------------------------------------------------------------------------- references
 
 
-def curl_seconds(url: str, start: int, end: int, extra: list[str] | None = None) -> float:
-    """Seconds curl took for bytes [start, end) of ``url`` in one ranged GET (to /dev/null)."""
+def curl_seconds(url: str, start: int, end: int, extra: list[str] | None = None, output: str = "/dev/null") -> float:
+    """Seconds curl took for bytes [start, end) of ``url`` in one ranged GET (to ``output``)."""
     result = subprocess.run(
         [
             "curl",
@@ -201,7 +211,7 @@ def curl_seconds(url: str, start: int, end: int, extra: list[str] | None = None)
             "--noproxy",
             "*",
             "-o",
-            "/dev/null",
+            output,
             "-r",
             f"{start}-{end - 1}",
             "-w",
@@ -216,6 +226,38 @@ def curl_seconds(url: str, start: int, end: int, extra: list[str] | None = None)
     if int(size) != end - start:
         raise RuntimeError(f"curl got {size} bytes, not {end - start}")
     return float(seconds)
+
+
+def curl_into_memory_seconds(url: str, start: int, end: int, extra: list[str] | None = None) -> float:
+    """``curl_seconds`` into a new file in /dev/shm (tmpfs: the bytes land in pages the kernel hands out, as the
+    page cache's do), removed afterwards."""
+    fd, path = tempfile.mkstemp(prefix="stfs-bench-curl-", dir="/dev/shm")
+    os.close(fd)
+    try:
+        return curl_seconds(url, start, end, extra, output=path)
+    finally:
+        os.unlink(path)
+
+
+def curl_parallel_seconds(url: str, start: int, end: int, extra: list[str] | None = None) -> float:
+    """Seconds for bytes [start, end) of ``url`` as ``PARALLEL_GET``-byte GETs, ``PARALLEL`` curls at a time."""
+    pieces = [(lo, min(lo + PARALLEL_GET, end)) for lo in range(start, end, PARALLEL_GET)]
+    began = time.perf_counter()
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        list(pool.map(lambda piece: curl_seconds(url, *piece, extra), pieces))
+    return time.perf_counter() - began
+
+
+def fresh_memory_gbs(size: int = 1 << 30) -> float:
+    """GB/s at which new anonymous memory takes its first write, one byte per page."""
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        began = time.perf_counter()
+        for offset in range(0, size, mmap.PAGESIZE):
+            memory[offset] = 1
+        return size / (time.perf_counter() - began) / 1e9
+    finally:
+        memory.close()
 
 
 class RcloneMount:
@@ -317,6 +359,8 @@ def run_once(
     out["curl_gbs"] = size / curl_seconds(url, start, end, case.curl) / 1e9
     out["curl_fetched"] = fetched(nginx, model) / size
     out["curl_all_gbs"] = (last - first) / curl_seconds(url, first, last, case.curl) / 1e9
+    out["curl_memory_gbs"] = (last - first) / curl_into_memory_seconds(url, first, last, case.curl) / 1e9
+    out["curl_parallel_gbs"] = (last - first) / curl_parallel_seconds(url, first, last, case.curl) / 1e9
 
     reads: list[tuple[str, Callable[[str], float], int]] = [
         ("stfs", lambda m: dd_seconds(os.path.join(m, "tensors", READ_TENSOR)), size),
@@ -412,6 +456,8 @@ def bench_remote(args: argparse.Namespace, results: dict[str, Any]) -> None:
     try:
         for run in range(args.runs):
             entry: dict[str, Any] = {"uptime": Path("/proc/loadavg").read_text().split()[:3]}
+            entry["fresh_memory_gbs"] = fresh_memory_gbs()
+            log(f"run {run}: 1 GiB of new memory took its first writes at {entry['fresh_memory_gbs']:.2f} GB/s")
             for case in cases:
                 entry[case.name] = run_once(case, nginx, data, model, spans, rclone, f"run {run} {case.name}")
             entry["jump_fetched"] = jump_once(nginx.url, nginx, data, small, small_spans)
@@ -454,9 +500,12 @@ def summarize(runs: list[dict[str, Any]], rclone: bool, cases: list[str]) -> dic
                 if rclone:
                     reference = "rclone" if name == "stfs" else "rclone_all"
                     figures[f"{name}_vs_rclone"] = figures[f"{name}_gbs"] / figures[f"{reference}_gbs"]
+            for name in ("stfs_all", "stfs_files"):
+                figures[f"{name}_vs_curl_memory"] = figures[f"{name}_gbs"] / figures["curl_memory_gbs"]
         names = [k for k in runs[0][where] if isinstance(runs[0][where][k], float)]
         summary[where] = {name: statistics.median(run[where][name] for run in runs) for name in names}
     summary["cases"] = cases
+    summary["fresh_memory_gbs"] = statistics.median(run["fresh_memory_gbs"] for run in runs)
     summary["jump_fetched"] = statistics.median(run["jump_fetched"] for run in runs)
     summary["small_files_vs_curl"] = statistics.median(run["small_files_vs_curl"] for run in runs)
     summary["ready_100_shards_s"] = statistics.median(run["ready_100_shards_s"] for run in runs)
@@ -479,11 +528,18 @@ def table_rows(remote: dict[str, Any], add: Callable[[str, str, str, str], None]
         curl_target, rclone_target = TARGETS[where]
         label = {"direct": "remote", "proxy": "remote +20 ms", "https": "remote https"}[where]
         add(
-            f"{label}: curl one tensor / whole data (GB/s)",
-            f"{figures['curl_gbs']:.2f} / {figures['curl_all_gbs']:.2f}",
+            f"{label}: curl one tensor / whole data / whole data into memory (GB/s)",
+            f"{figures['curl_gbs']:.2f} / {figures['curl_all_gbs']:.2f} / {figures.get('curl_memory_gbs', 0):.2f}",
             "",
             "",
         )
+        if "curl_parallel_gbs" in figures:
+            add(
+                f"{label}: curl whole data, {PARALLEL} GETs at a time (GB/s)",
+                f"{figures['curl_parallel_gbs']:.2f}",
+                "",
+                "",
+            )
         for name, what in (("stfs", "dd tensor"), ("stfs_all", "cat tensors/"), ("stfs_files", "dd files/")):
             ratio = figures[f"{name}_vs_curl"]
             add(
@@ -501,6 +557,8 @@ def table_rows(remote: dict[str, Any], add: Callable[[str, str, str, str], None]
                     target,
                     verdict(ratio >= rclone_target) if rclone_target else "",
                 )
+            if f"{name}_vs_curl_memory" in figures:
+                add(f"{label}: stfs {what} / curl into memory", f"{figures[f'{name}_vs_curl_memory']:.2f}x", "", "")
             add(f"{label}: stfs {what}: daemon CPU s/GB", f"{figures[f'{name}_cpu_per_gb']:.2f}", "", "")
         if remote["rclone"]:
             add(
@@ -520,6 +578,8 @@ def table_rows(remote: dict[str, Any], add: Callable[[str, str, str, str], None]
             f"<= {FETCHED_LIMIT}",
             verdict(worst <= FETCHED_LIMIT),
         )
+    if "fresh_memory_gbs" in remote:
+        add("remote: 1 GiB of new memory, first writes (GB/s)", f"{remote['fresh_memory_gbs']:.2f}", "", "")
     add(
         "remote: safe_open one 4 MiB tensor: fetched / (tensor + header)",
         f"{remote['jump_fetched']:.3f}",

@@ -9,8 +9,10 @@ a fresh mount: ``dd`` of tensor ``t2``, ``dd`` of ``files/model.safetensors``, `
 file, each followed by ``curl -r`` of as many bytes. ``--tensors N --tensor-mib M``: a model of N tensors of
 M MiB instead (written once under DIR). The order of the checkouts flips every round. Prints each
 ratio, then the daemon's CPU-seconds per GB of each read, and their medians. ``--https``: the same over nginx's
-TLS port (a test CA, trusted through ``SSL_CERT_FILE``). ``--hot``: instead, ``dd`` of ``t2`` four times on one
-mount, the page cache dropped before each (the first fetches, the rest find every block in the block cache).
+TLS port (a test CA, trusted through ``SSL_CERT_FILE``). ``--latency S``: through tests/servers.py's ``FaultProxy``
+adding S seconds to every request (bench_remote's +20 ms case is ``--latency 0.02``). ``--hot``: instead,
+``dd`` of ``t2`` four times on one mount, the page cache dropped before each (the first fetches, the rest find
+every block in the block cache).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from scripts import bench_remote  # noqa: E402
 from scripts.benchlib import STFS_REPO, cpu_seconds, dd_seconds  # noqa: E402
-from tests.servers import Nginx, make_tls  # noqa: E402
+from tests.servers import FaultProxy, Nginx, make_tls  # noqa: E402
 
 
 def curl_seconds(url: str, size: int) -> float:
@@ -78,6 +80,7 @@ def main() -> int:
     parser.add_argument("-o", dest="option", action="append", default=[], help="stfs mount -o options")
     parser.add_argument("--hot", action="store_true")
     parser.add_argument("--https", action="store_true", help="over nginx's TLS port")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every request by a proxy")
     parser.add_argument("--tensors", type=int, default=bench_remote.TENSORS, help="tensors of the model")
     parser.add_argument("--tensor-mib", type=int, default=bench_remote.TENSOR_BYTES >> 20, help="MiB of each")
     args = parser.parse_args()
@@ -94,18 +97,24 @@ def main() -> int:
     model, spans = bench_remote.the_model(nginx.root, name, args.tensors, each)
     options = [item for option in args.option for item in ("-o", option)]
     nginx.start()
+    proxy = FaultProxy(nginx.url).start() if args.latency else None
+    if proxy is not None:
+        proxy.set_latency(args.latency)
+    base = proxy.url if proxy is not None else nginx.https_url if tls else nginx.url
     results: dict[str, list[list[float]]] = {label: [] for label, _ in checkouts}
     print(f"load {os.getloadavg()} at {time.strftime('%H:%M:%S')}", flush=True)
     try:
         for number in range(args.rounds):
             for label, path in checkouts if number % 2 == 0 else checkouts[::-1]:
                 STFS_REPO[0] = os.path.abspath(path)
-                url, mnt = f"{nginx.https_url if tls else nginx.url}/{model}", os.path.join(data, "mnt")
+                url, mnt = f"{base}/{model}", os.path.join(data, "mnt")
                 figures = hot(url, mnt, options) if args.hot else one_round(url, mnt, spans, options)
                 results[label].append(figures)
                 unit = "GB/s" if args.hot else "x curl (one tensor, files/, cat tensors/), then CPU-s/GB of each"
                 print(f"round {number} {label}: " + " ".join(f"{f:.2f}" for f in figures) + f" {unit}", flush=True)
     finally:
+        if proxy is not None:
+            proxy.stop()
         nginx.stop()
     for label, rows in results.items():
         medians = [statistics.median(row[i] for row in rows) for i in range(len(rows[0]))]
