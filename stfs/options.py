@@ -46,6 +46,9 @@ def size_bytes(value: str | None) -> int:
     return number * scale
 
 
+MOST_SECONDS = 1e9  # about 31 years: as good as never giving up, and a figure every timer and client takes
+
+
 def seconds(value: str | None) -> float:
     try:
         number = float(value or "")
@@ -53,6 +56,8 @@ def seconds(value: str | None) -> float:
         raise ValueError("must be a number of seconds") from None
     if not number > 0:
         raise ValueError("must be more than 0")
+    if not number <= MOST_SECONDS:  # inf (and 1e300) would have the first request retried for ever
+        raise ValueError(f"must be at most {MOST_SECONDS:.0f} (about 31 years)")
     return number
 
 

@@ -129,6 +129,9 @@ def test_check_reports_warnings_and_passes(tmp_path: Path) -> None:
         ["mount", "only-source"],
         ["unmount"],
         ["mount", "a", "b", "--layout", "sideways"],
+        ["info", "http://127.0.0.1:9/m.safetensors", "--timeout", "inf"],  # was a first read retried for ever
+        ["check", "http://127.0.0.1:9/m.safetensors", "--timeout", "1e300"],
+        ["mount", "http://127.0.0.1:9/m.safetensors", "m", "--timeout", "inf"],
     ],
 )
 def test_usage_errors_exit_2(argv: list[str]) -> None:

@@ -97,6 +97,11 @@ def test_last_value_wins() -> None:
         ("max_open_files=0", "max_open_files=0: max_open_files must be at least 1"),
         ("threads=yes", "threads=yes: threads takes no value"),
         ("keep_source_cache=1", "keep_source_cache=1: keep_source_cache takes no value"),
+        ("timeout=0", "timeout=0: timeout must be more than 0"),
+        ("timeout=nan", "timeout=nan: timeout must be more than 0"),
+        ("timeout=soon", "timeout=soon: timeout must be a number of seconds"),
+        ("timeout=inf", "timeout=inf: timeout must be at most 1000000000 (about 31 years)"),
+        ("timeout=1e300", "timeout=1e300: timeout must be at most 1000000000 (about 31 years)"),
     ],
 )
 def test_bad_values(item: str, message: str) -> None:
@@ -282,7 +287,9 @@ def test_rw_warns_on_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     assert capsys.readouterr().err == f"stfs: warning: {READ_ONLY_WARNING}\nstfs: planned\n"
 
 
-@pytest.mark.parametrize("options", ["layout=round", "max_open_files=0", "threads=1", "log_file", "view=bogus", "view"])
+@pytest.mark.parametrize(
+    "options", ["layout=round", "max_open_files=0", "threads=1", "log_file", "view=bogus", "view", "timeout=inf"]
+)
 def test_bad_o_values_are_usage_errors(options: str) -> None:
     for argv in (["mount", "s", "m", "-o", options], ["s", "m", "-o", f"ro,{options}"]):
         result = run([sys.executable, "-m", "stfs", *argv])

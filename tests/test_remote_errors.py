@@ -4,6 +4,7 @@ fails at once and says how to trust it; a token or password is never shown."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -26,11 +27,15 @@ def one_line(command: str, source: str, tmp_path: Path, *extra: str, timeout: fl
     """Run ``stfs COMMAND SOURCE`` (a mount in the background, as a user runs it); assert it failed with exit 1
     and one line, no traceback; that line."""
     argv = [sys.executable, "-m", "stfs", command, source, *extra]
+    mnt = tmp_path / f"mnt-{len(list(tmp_path.glob('mnt-*')))}"
     if command == "mount":
-        mnt = tmp_path / f"mnt-{len(list(tmp_path.glob('mnt-*')))}"
         mnt.mkdir()
         argv[5:5] = [str(mnt), "--log-file", str(tmp_path / "daemon.log")]
-    result = run(argv, timeout=timeout)
+    try:
+        result = run(argv, timeout=timeout)
+    finally:
+        if os.path.ismount(mnt):  # a mount that should have been refused is not left behind
+            run(["fusermount3", "-u", "-z", str(mnt)])
     output = (result.stdout + result.stderr).strip()
     assert result.returncode == 1, output
     assert "Traceback" not in output and len(output.splitlines()) == 1, output
@@ -267,3 +272,15 @@ def test_a_url_that_does_not_parse_is_refused_by_the_source_itself(url: str, lin
     with pytest.raises(errors.SourceError) as refused:  # what a caller of open_source gets, no request made
         open_remote(url)
     assert refused.value.message.startswith(line) and BASIC_PASSWORD not in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("folder", "reason"), [("a-file", "Not a directory"), ("/proc", "")]
+)  # /proc: nothing made there
+def test_a_cache_dir_that_cannot_hold_a_cache(folder: str, reason: str, nginx: Nginx, tmp_path: Path) -> None:
+    (nginx.root / "m.safetensors").write_bytes(model_bytes(tmp_path))
+    (tmp_path / "a-file").write_text("not a folder\n")
+    cache_dir = folder if folder.startswith("/") else str(tmp_path / folder)
+    line = one_line("mount", f"{nginx.url}/m.safetensors", tmp_path, "--cache-dir", cache_dir)
+    assert line.startswith(f"stfs: {cache_dir}: cannot keep a cache there: {reason}"), line
+    assert not os.path.ismount(tmp_path / "mnt-0")  # refused before anything was mounted, not at the first read

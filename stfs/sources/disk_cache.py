@@ -38,7 +38,10 @@ class DiskCache:
     def __init__(self, folder: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.folder = os.path.abspath(folder)
         self.max_bytes = max_bytes
+        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), self.folder)
         os.makedirs(self.folder, exist_ok=True)
+        os.close(os.open(os.path.join(self.folder, USAGE_FILE), os.O_RDWR | os.O_CREAT, 0o600))  # writable here?
         self._writing = threading.Lock()  # one piece at a time from this daemon (flock does not exclude threads)
         self.full = False  # the disk was full: no more pieces are written
 
