@@ -924,6 +924,9 @@ class S3:
 # --- the fault proxy --------------------------------------------------------------------------------------
 
 
+PIECE = 1 << 20  # a body goes through the proxy in pieces of up to this: fewer turns of Python's loop a byte
+
+
 class _Reader:
     """Buffered reads from a socket: lines, heads, exact lengths."""
 
@@ -950,8 +953,8 @@ class _Reader:
         return piece
 
     def read_some(self, limit: int) -> bytes:
-        if not self.buffer and not self._fill():
-            return b""
+        if not self.buffer:
+            return self.sock.recv(limit)  # straight from the socket: no copy into the buffer and out again
         piece, self.buffer = self.buffer[:limit], self.buffer[limit:]
         return piece
 
@@ -1008,13 +1011,13 @@ def _body_pieces(reader: _Reader, head: _Head, no_body: bool) -> Iterator[bytes]
     elif head.get("content-length") is not None:
         yield from _fixed(reader, int(head.get("content-length") or 0))
     elif head.raw_first.startswith("HTTP/"):  # a response without a length runs until the server closes
-        while piece := reader.read_some(65536):
+        while piece := reader.read_some(PIECE):
             yield piece
 
 
 def _fixed(reader: _Reader, length: int) -> Iterator[bytes]:
     while length > 0:
-        piece = reader.read_some(min(length, 65536))
+        piece = reader.read_some(min(length, PIECE))
         if not piece:
             raise EOFError("connection closed mid-body")
         length -= len(piece)
