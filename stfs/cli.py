@@ -8,6 +8,7 @@ import codecs
 import io
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -191,7 +192,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
         return plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=threads, views=args.views)
 
     if args.foreground:
+        default = signal.getsignal(signal.SIGINT)
+        interrupt_at_once(args)
         plan = make_plan()
+        signal.signal(signal.SIGINT, default)  # serving: SIGINT unmounts cleanly (SPEC §6)
         for warning in plan.warnings:
             print(f"stfs: warning: {warning}", file=sys.stderr)
         run_foreground(plan, debug=args.debug)
@@ -213,9 +217,19 @@ def cmd_unmount(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def interrupt_at_once(args: argparse.Namespace) -> None:
+    """Let Ctrl-C end the stfs command at once while it reads sources, nothing mounted yet: a remote request waits in
+    obstore's Rust code, where Python cannot run its SIGINT handler until the request gives up (``--timeout``).
+    Only the command itself (not ``main()`` called from Python), and not where SIGINT is ignored (a shell's
+    background job)."""
+    if args.whole_program and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from .info import render_json, render_table, summarize
 
+    interrupt_at_once(args)
     models = []
     transfer: dict[str, int] | None = None  # what went over the wire, for remote sources
     for text in map(named_source, args.sources):
@@ -236,6 +250,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    interrupt_at_once(args)
     problems = 0
     checked = 0
     for text in args.sources:

@@ -9,6 +9,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,11 +170,13 @@ def run_background(make_plan: Callable[[], MountPlan], mountpoint: str, log_file
         _close_inherited(keep=write_end)
         _daemon_main(make_plan, log_file, write_end)
     os.close(write_end)
+    ready = False
     try:
         for kind, message in _messages(read_end):
             if kind == "warning":
                 print(f"stfs: warning: {message}", file=sys.stderr)
             elif kind == "ok":
+                ready = True
                 return pid
             elif kind == "error":
                 raise errors.StfsError(message)
@@ -181,9 +184,26 @@ def run_background(make_plan: Callable[[], MountPlan], mountpoint: str, log_file
                 raise errors.MountError(f"{os.path.abspath(mountpoint)}: mount failed: {message} (log: {log_file})")
     finally:
         os.close(read_end)
+        if not ready:  # a failure, no answer, or Ctrl-C here: no daemon left to mount once nobody waits for it
+            _stop_daemon(pid)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
     raise errors.MountError(f"{os.path.abspath(mountpoint)}: mount failed: no answer (log: {log_file})")
+
+
+def _stop_daemon(pid: int, grace: float = 5.0) -> None:
+    """SIGTERM the daemon ``pid`` (still planning: it ends; already mounted: it unmounts) and reap it within
+    ``grace`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
 
 
 def _close_inherited(keep: int) -> None:
@@ -228,7 +248,8 @@ def _daemon_main(make_plan: Callable[[], MountPlan], log_file: str, ready_fd: in
     status = 1
 
     def tell(kind: str, text: str = "") -> None:
-        os.write(ready_fd, f"{kind}\t{text}\n".encode("utf-8", "surrogateescape"))
+        with contextlib.suppress(BrokenPipeError):  # the starter has gone (killed): nobody to tell
+            os.write(ready_fd, f"{kind}\t{text}\n".encode("utf-8", "surrogateescape"))
 
     try:
         os.setsid()

@@ -5,8 +5,11 @@ fails at once and says how to trust it; a token or password is never shown."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -284,3 +287,54 @@ def test_a_cache_dir_that_cannot_hold_a_cache(folder: str, reason: str, nginx: N
     line = one_line("mount", f"{nginx.url}/m.safetensors", tmp_path, "--cache-dir", cache_dir)
     assert line.startswith(f"stfs: {cache_dir}: cannot keep a cache there: {reason}"), line
     assert not os.path.ismount(tmp_path / "mnt-0")  # refused before anything was mounted, not at the first read
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[socket.socket]:
+    """A listening socket that takes connections and never answers: ``accept()`` tells a client has come."""
+    with socket.create_server((LOCALHOST, 0), backlog=64) as listener:
+        listener.settimeout(60)
+        yield listener
+
+
+def daemons_of(mountpoint: Path) -> list[int]:
+    """PIDs of the processes whose command line names ``mountpoint``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if str(mountpoint).encode() in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0"):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("argv", [["info"], ["check"], ["mount"], ["mount", "-f"]], ids=" ".join)
+def test_ctrl_c_while_the_server_never_answers_stops_at_once(
+    argv: list[str], silent_listener: socket.socket, tmp_path: Path
+) -> None:
+    """Ctrl-C while the first request waits (in obstore's Rust code, where Python runs no handler) ends the command
+    then, not after --timeout; a mount that was not made leaves no daemon behind to make it later."""
+    url = f"http://{LOCALHOST}:{silent_listener.getsockname()[1]}/m.safetensors"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    extra = [str(mnt), "--log-file", str(tmp_path / "daemon.log")] if argv[0] == "mount" else []
+    command = [sys.executable, "-m", "stfs", argv[0], *argv[1:], url, *extra, "--timeout", "600"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        connection, _ = silent_listener.accept()  # stfs (its daemon, for a mount) is connected: its request waits
+        with connection:
+            time.sleep(0.5)  # the request sent: it waits on an answer, in Rust
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=30)  # before the change: --timeout's 600 s
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode in (130, -signal.SIGINT), err
+    assert "Traceback" not in err
+    assert not os.path.ismount(mnt)
+    deadline = time.monotonic() + 10
+    while daemons_of(mnt) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert daemons_of(mnt) == []
