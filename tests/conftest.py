@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import re
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 
@@ -14,6 +16,28 @@ import pytest
 from stfs.daemon import mounted
 from tests.helpers import IN_CI, MountFn, need_fuse
 from tests.servers import S3, S3_ENV, FakeHub, FaultProxy, MotoServer, Nginx, TlsFiles, find_tool, make_tls
+
+
+def stfs_mounts() -> set[str]:
+    """Mount points of this namespace's stfs mounts (``/proc/self/mountinfo``: field 5, its space ``\\040``; the
+    type after `` - ``)."""
+    found = set()
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as stream:
+        for line in stream:
+            fields, _, rest = line.partition(" - ")
+            if rest.split(" ", 1)[0] == "fuse.stfs":
+                found.add(re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields.split(" ")[4]))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_mount_left_behind() -> Iterator[None]:
+    """A mount a test made and left (a refusal that was not refused, a failure before its own unmount) is undone
+    when the test ends; mounts that were there before it (a module's fixture) are left alone."""
+    before = stfs_mounts()
+    yield
+    for mountpoint in stfs_mounts() - before:
+        subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False)
 
 
 @pytest.fixture
