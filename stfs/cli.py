@@ -39,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     mount = commands.add_parser("mount", help="mount a model, index or folder of models read-only")
     _common(mount)
-    mount.add_argument("source", metavar="SOURCE", help="x.safetensors, x.safetensors.index.json or a folder")
-    mount.add_argument("mountpoint", metavar="MNT", help="an existing empty folder")
+    mount.add_argument(
+        "source", metavar="SOURCE", type=_given, help="x.safetensors, x.safetensors.index.json, a folder or a URL"
+    )
+    mount.add_argument("mountpoint", metavar="MNT", type=_given, help="an existing folder")
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     mount.add_argument(
         "-o",
@@ -109,18 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     unmount = commands.add_parser("unmount", help="unmount, also a mount whose daemon died")
     _common(unmount)
-    unmount.add_argument("mountpoint", metavar="MNT")
+    unmount.add_argument("mountpoint", metavar="MNT", type=_given)
     unmount.add_argument("-z", "--lazy", action="store_true", help="detach now even if busy")
 
     info = commands.add_parser("info", help="tensor table, per-dtype counts and totals from headers")
     _common(info)
-    info.add_argument("sources", nargs="+", metavar="SOURCE")
+    info.add_argument("sources", nargs="+", metavar="SOURCE", type=_given)
     info.add_argument("--json", action="store_true", help="print JSON")
     _timeout(info)
 
     check = commands.add_parser("check", help="validate; one line per problem; exit 0 only if all are valid")
     _common(check)
-    check.add_argument("sources", nargs="+", metavar="SOURCE")
+    check.add_argument("sources", nargs="+", metavar="SOURCE", type=_given)
     _timeout(check)
     return parser
 
@@ -133,6 +135,14 @@ def _timeout(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"remote sources: a read gives up with EIO after this long without a byte (default {DEFAULT_TIMEOUT:g})",
     )
+
+
+def _given(value: str) -> str:
+    """A path or URL argument that is not empty: ``""`` would be the current folder (``"$MNT"`` of a script whose
+    variable is unset mounted over its working folder)."""
+    if not value:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
 
 
 def _option_type(read: Callable[[str | None], object]) -> Callable[[str], object]:

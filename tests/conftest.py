@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -31,13 +32,16 @@ def stfs_mounts() -> set[str]:
 
 
 @pytest.fixture(autouse=True)
-def no_mount_left_behind() -> Iterator[None]:
+def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A mount a test made and left (a refusal that was not refused, a failure before its own unmount) is undone
-    when the test ends; mounts that were there before it (a module's fixture) are left alone."""
+    when the test ends. Only under this run's own temporary folder (another pytest run on the machine mounts too),
+    and not one that was there before the test (a module's fixture)."""
+    own = str(tmp_path_factory.getbasetemp()) + os.sep
     before = stfs_mounts()
     yield
     for mountpoint in stfs_mounts() - before:
-        subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False)
+        if mountpoint.startswith(own):
+            subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False)
 
 
 @pytest.fixture

@@ -132,6 +132,11 @@ def test_check_reports_warnings_and_passes(tmp_path: Path) -> None:
         ["info", "http://127.0.0.1:9/m.safetensors", "--timeout", "inf"],  # was a first read retried for ever
         ["check", "http://127.0.0.1:9/m.safetensors", "--timeout", "1e300"],
         ["mount", "http://127.0.0.1:9/m.safetensors", "m", "--timeout", "inf"],
+        ["mount", "m.safetensors", ""],  # "$MNT" unset: it mounted over the working folder
+        ["mount", "", "m"],
+        ["unmount", ""],
+        ["info", ""],  # it listed every model under the working folder
+        ["check", "m.safetensors", ""],
     ],
 )
 def test_usage_errors_exit_2(argv: list[str]) -> None:
