@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,3 +314,24 @@ def test_concurrent_readers_with_a_tiny_cache(served_big: tuple[Path, str], moun
 
     with ThreadPoolExecutor(8) as pool:
         assert sum(pool.map(reader, range(8))) == 96
+
+
+@pytest.mark.parametrize("spelled", ["encoded", "raw"])
+def test_a_url_names_its_file_percent_encoded_or_not(
+    spelled: str, nginx: Nginx, mount: MountFn, tmp_path: Path
+) -> None:
+    """``my%20model%20%C3%A9.safetensors``, as a browser copies a URL, is the file ``my model é.safetensors``: obstore,
+    which encodes the name it is given, asked for ``my%2520model…`` (404) before."""
+    import numpy as np
+
+    from tests.models import write_numpy
+
+    local = tmp_path / "m.safetensors"
+    write_numpy(str(local), {"a": np.arange(1 << 18, dtype=np.float32), "b": np.ones(1 << 18, dtype=np.float32)})
+    name = "my model é.safetensors"
+    nginx.put(name, local.read_bytes())
+    url = f"{nginx.url}/{urllib.parse.quote(name) if spelled == 'encoded' else name}"
+    mnt = mount(url)
+    (served,) = os.listdir(os.path.join(mnt, "files"))
+    assert Path(mnt, "files", served).read_bytes() == local.read_bytes()  # the first read by obstore, the rest not
+    assert read_cold(tensor_path(mnt, "b")) == np.ones(1 << 18, dtype=np.float32).tobytes()

@@ -113,6 +113,10 @@ class Transport:
     def path(self, key: str) -> str:
         return key[len(self.base) :].lstrip("/")
 
+    def store_path(self, key: str) -> str:
+        """``path(key)`` as obstore takes it: the object's name, which obstore encodes for the request itself."""
+        return self.path(key)
+
     def list(self, store: Any, key: str) -> list[str] | None:
         """Keys of every file at or below ``key`` (a file or a folder), sorted; ``None`` if the store cannot list."""
         return None
@@ -388,7 +392,7 @@ class RemoteFiles:
         """The speculative first read: the first ``first_read`` bytes, and with them size and version."""
         import obstore
 
-        path = self.transport.path(key)
+        path = self.transport.store_path(key)
         deadline = time.monotonic() + self.timeout
 
         def probe() -> tuple[Any, bytes]:
@@ -601,7 +605,7 @@ class RemoteFiles:
             options["version"] = pin.version
         elif pin.etag:
             options["if_match"] = pin.etag
-        path = self.transport.path(pin.key)
+        path = self.transport.store_path(pin.key)
         try:
             # obstore's Bytes, not a copy: a memoryview of the buffer Rust filled
             data = memoryview(obstore.get(self._get_store(), path, options=options).bytes())

@@ -79,6 +79,11 @@ class HttpTransport(Transport):
             retry_config=NO_RETRIES,
         )
 
+    def store_path(self, key: str) -> str:
+        # A URL's path may be percent-encoded (`my%20model.safetensors`, as a browser copies it): obstore encodes
+        # the name it is given, so it gets the name decoded; stfs's own client sends the path as the URL spells it.
+        return urllib.parse.unquote(self.path(key))
+
     def client(self) -> HttpClient:
         if self._client is None:
             self._client = HttpClient(self.base, self.headers, self.timeout, self.query)
