@@ -61,6 +61,7 @@ from scripts.benchlib import (  # noqa: E402
     stfs_command,
     write_model,
 )
+from stfs.sources.remote import DEFAULT_BLOCK_SIZE, MAX_WINDOW_BYTES  # noqa: E402
 from tests.helpers import rss_memory  # noqa: E402
 from tests.servers import FaultProxy, Nginx, make_tls  # noqa: E402
 
@@ -74,7 +75,8 @@ LATENCY = 0.02
 CACHE_SIZE = "256M"
 CACHE_BYTES = 256 * MIB
 MEMORY_SLACK = 150 * MIB
-PARALLEL, PARALLEL_GET = 8, 8 * MIB  # stfs's window: eight blocks of 8 MiB in flight
+PARALLEL_GET = DEFAULT_BLOCK_SIZE  # curl as stfs's window fetches: its blocks, as many at a time as it has in flight
+PARALLEL = MAX_WINDOW_BYTES // DEFAULT_BLOCK_SIZE
 
 # case -> (stfs ÷ curl, stfs ÷ rclone default) for one tensor and for the whole model (tensors/ and files/)
 TARGETS = {
