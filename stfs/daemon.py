@@ -7,6 +7,7 @@ import errno
 import gc
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -344,15 +345,16 @@ def _mount_device(mountpoint: str) -> str | None:
         with open("/proc/self/mountinfo") as stream:
             for line in stream:
                 fields = line.split()
-                if len(fields) > 4 and _unescape_mountinfo(fields[4]) == mountpoint:
+                if len(fields) > 4 and unescape_mountinfo(fields[4]) == mountpoint:
                     device = fields[2]
     except OSError:
         return None
     return device
 
 
-def _unescape_mountinfo(text: str) -> str:
-    return text.encode().decode("unicode_escape") if "\\" in text else text
+def unescape_mountinfo(text: str) -> str:
+    """A path as /proc/self/mountinfo spells it (space, tab, newline and backslash as ``\\ooo``), as it is."""
+    return re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), text)
 
 
 def unmount(mountpoint: str, lazy: bool = False) -> None:

@@ -7,27 +7,25 @@ import contextlib
 import importlib
 import importlib.util
 import os
-import re
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from stfs.daemon import mounted
+from stfs import errors
+from stfs.daemon import mounted, unescape_mountinfo, unmount
 from tests.helpers import IN_CI, MountFn, need_fuse
 from tests.servers import S3, S3_ENV, FakeHub, FaultProxy, MotoServer, Nginx, TlsFiles, find_tool, make_tls
 
 
 def stfs_mounts() -> set[str]:
-    """Mount points of this namespace's stfs mounts (``/proc/self/mountinfo``: field 5, its space ``\\040``; the
-    type after `` - ``)."""
+    """Mount points of this namespace's stfs mounts (``/proc/self/mountinfo``: field 5; the type after `` - ``)."""
     found = set()
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as stream:
         for line in stream:
             fields, _, rest = line.partition(" - ")
             if rest.split(" ", 1)[0] == "fuse.stfs":
-                found.add(re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields.split(" ")[4]))
+                found.add(unescape_mountinfo(fields.split(" ")[4]))
     return found
 
 
@@ -41,7 +39,8 @@ def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     yield
     for mountpoint in stfs_mounts() - before:
         if mountpoint.startswith(own):
-            subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False)
+            with contextlib.suppress(errors.MountError):
+                unmount(mountpoint, lazy=True)
 
 
 @pytest.fixture

@@ -552,3 +552,19 @@ def test_failed_reads_of_a_source_are_logged_once(tmp_path, require_fuse: None) 
         assert run(["stfs", "unmount", str(mnt)]).returncode == 0
     errors = [line for line in log_file.read_text().splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "t.safetensors" in errors[0], errors
+
+
+def test_a_mountpoint_with_a_space_and_accents_is_found_in_the_mount_table(
+    tmp_path,
+    rich: str,
+    require_fuse: None,  # noqa: ANN001
+) -> None:
+    """/proc/self/mountinfo spells a space ``\\040`` and keeps UTF-8 as it is: the mount's device (whose readahead the
+    daemon tunes) is found at such a path; Python's ``unicode_escape`` had turned ``é`` into ``Ã©``."""
+    from stfs.daemon import _mount_device, unescape_mountinfo
+
+    assert unescape_mountinfo("/m\\040n/\\134é") == "/m n/\\é"
+    mnt = tmp_path / "a b é"
+    mnt.mkdir()
+    with mounted(rich, str(mnt)):
+        assert _mount_device(str(mnt)) == f"{os.major(os.stat(mnt).st_dev)}:{os.minor(os.stat(mnt).st_dev)}"
