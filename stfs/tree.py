@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from sys import intern
 
 from .errors import TreeError
-from .format import TensorEntry
+from .formats import TensorEntry
 from .nodes import DirNode, FileNode, Node, Segments
 
 NAME_MAX = 255

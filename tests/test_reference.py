@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from scripts import fuzz_reference
 from stfs import errors
-from stfs.format import reference_number
+from stfs.formats.safetensors import reference_number
 from stfs.model import read_header
 from tests.models import write_header
 
