@@ -38,6 +38,11 @@ PY
 listing=$(python3 -m zipfile -l "$out"/*.whl)
 grep -q 'stfs/_native\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no stfs/_native" >&2; exit 1; }
 grep -q 'stfs/_tls\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no stfs/_tls" >&2; exit 1; }
+# The man page stfs(1), written from stfs.cli's parser at build time, goes to PREFIX/share/man/man1.
+grep -q 'stfs-[^/]*\.data/data/share/man/man1/stfs\.1' <<<"$listing" || {
+    echo "check_package: the wheel has no share/man/man1/stfs.1" >&2; exit 1; }
+man_head=$(head -n 1 "$work/fresh/share/man/man1/stfs.1" 2>/dev/null || true)
+[[ $man_head == '.TH STFS "1"'* ]] || { echo "check_package: the fresh venv has no man page stfs(1)" >&2; exit 1; }
 mkdir "$work/mnt"
 (cd "$work" && "$work/fresh/bin/stfs" mount "$work/tiny.safetensors" "$work/mnt" --log-file "$work/mount.log")
 status=0

@@ -1,6 +1,6 @@
 """Errors of stfs.
 
-One ``FormatError`` subclass per validation rule (README.md, "Validation"), named like the
+One ``FormatError`` subclass per validation rule (docs/validation.md), named like the
 safetensors reference (``tensor.rs``) names its errors, so a message says
 which file, which tensor and which rule.
 """
@@ -131,7 +131,7 @@ class SourceError(StfsError):
 
 
 class ShardError(StfsError):
-    """A sharded set breaks a rule (README.md, "Validation"): index, missing shard, misplaced tensor."""
+    """A sharded set breaks a rule (docs/validation.md): index, missing shard, misplaced tensor."""
 
 
 class InvalidIndex(ShardError):

@@ -152,7 +152,7 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
 
 
 def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:
-    """The models ``key`` names (README.md, "Sources"), without reading any safetensors header.
+    """The models ``key`` names (docs/sources.md), without reading any safetensors header.
 
     Without ``source``, ``key`` is a local path.
     """

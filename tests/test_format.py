@@ -1,4 +1,5 @@
-"""The header reader: one broken file per validation rule (README.md), every valid file shape, hostile headers."""
+"""The header reader: one broken file per validation rule (docs/validation.md), every valid file shape, hostile
+headers."""
 
 from __future__ import annotations
 

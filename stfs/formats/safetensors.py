@@ -1,4 +1,4 @@
-"""The safetensors file format: read a header and enforce every validation rule (README.md, "Validation").
+"""The safetensors file format: read a header and enforce every validation rule (docs/validation.md).
 
 Pure: a header comes through a range fetcher (``fetch(offset, size) -> bytes``), in one or two
 reads (the 8-byte length, then the JSON header), never the data section; no I/O of its own.
