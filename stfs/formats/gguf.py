@@ -16,7 +16,6 @@ table (names, block sizes) is the ``gguf`` package's, never a copy of it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
@@ -219,10 +218,11 @@ def read_header(read: RangeReader, file_size: int, *, path: str, first_read: int
     want = min(file_size, max(first_read, 4))
     while True:
         if want > len(have):
-            chunk = read(len(have), want - len(have))
-            have += chunk
-            if len(have) < want:  # the file is shorter than its size said: parse what there is as the whole file
-                file_size = len(have)
+            have += read(len(have), want - len(have))
+            if len(have) < want:
+                raise errors.GgufTruncated(
+                    path, f"the file ended after {len(have)} bytes, short of the {file_size} its size says"
+                )
         try:
             return parse_header(have, file_size=file_size, path=path)
         except HeaderIncomplete as more:
@@ -434,10 +434,12 @@ class _Parser:
         buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
         starts: list[int] = []
         mark = starts.append
-        with contextlib.suppress(struct.error):  # a length past the buffer's end
+        try:
             for _ in range(count):
                 mark(pos)
                 pos += 8 + unpack(buf, pos)[0]
+        except struct.error:  # a length past the buffer's end: that element was not read
+            pos = starts.pop()
         walked = len(starts)
         stops = np.array([*starts[1:], min(pos, self.end + 1)], dtype=np.int64)
         bad = (stops > self.end) | (stops - np.array(starts, dtype=np.int64) - 8 > MAX_STRING_LENGTH)
