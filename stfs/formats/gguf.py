@@ -438,7 +438,7 @@ class _Parser:
             for _ in range(count):
                 mark(pos)
                 pos += 8 + unpack(buf, pos)[0]
-        except struct.error:  # a length past the buffer's end: that element was not read
+        except (struct.error, OverflowError):  # a length took pos past the buffer: that element was not read
             pos = starts.pop()
         walked = len(starts)
         stops = np.array([*starts[1:], min(pos, self.end + 1)], dtype=np.int64)
