@@ -16,6 +16,13 @@ file and packed as llama.cpp requires, header.json valid JSON, the reads within 
 2 MiB). An accepted file gguf-py's GGUFReader refuses or reads otherwise is counted apart (gguf-py is laxer:
 that would be ours accepting too much); findings are written to ``--out``/findings. Prints a summary whose
 last line is ``findings: N``; exits 1 when N > 0.
+
+``--reference PROGRAM`` adds ggml's own verdict on every case (a file llama.cpp refuses must be refused, one it
+loads accepted; a disagreement is a finding). PROGRAM reads paths on stdin and prints ``ok`` or ``refused``
+for each: ten lines of C over ggml's ``libggml-base.a`` (ggml's ``src/`` without the backends, built with
+``-DGGML_CPU=OFF -DBUILD_SHARED_LIBS=OFF``) calling ``gguf_init_from_file(path, {.no_alloc = true})``, then
+checking each tensor's ``gguf_get_data_offset + gguf_get_tensor_offset + gguf_get_tensor_size`` against the
+file's size, as llama.cpp's model loader does.
 """
 
 from __future__ import annotations
@@ -321,6 +328,43 @@ def worker(memory_mib: int) -> None:
         sink.flush()
 
 
+class Reference:
+    """ggml's own verdict (``--reference``): a program that reads paths on stdin and answers ``ok`` or ``refused``
+    for each, as ``gguf_init_from_file`` with ``no_alloc`` and then llama.cpp's model loader's bound on each
+    tensor's bytes judge it. A program that dies on a file (a GGML_ASSERT) answers ``abort``."""
+
+    def __init__(self, program: str, scratch: str) -> None:
+        self.program = program
+        self.path = os.path.join(scratch, "reference-case.gguf")
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [self.program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+
+    def verdict(self, data: bytes) -> str:
+        with open(self.path, "wb") as stream:
+            stream.write(data)
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(self.path + "\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline().strip()
+        except BrokenPipeError:
+            answer = ""
+        if not answer:
+            self.process.wait()
+            self.process = self._start()
+            return "abort"
+        return answer
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
 class Worker:
     def __init__(self, memory_mib: int) -> None:
         self.memory_mib = memory_mib
@@ -374,6 +418,7 @@ def main() -> int:
     parser.add_argument("--memory", type=int, default=256, help="MiB a case may add to the worker's address space")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds a case may take")
     parser.add_argument("--replay", nargs="*", default=None, help="run these files, once each")
+    parser.add_argument("--reference", default="", help="a program giving ggml's verdict (see Reference)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -397,6 +442,8 @@ def main() -> int:
         seeds.append((os.path.basename(path), data, field_offsets(data), header.header_size))
     rng = random.Random(args.seed)
     runner = Worker(args.memory)
+    reference = Reference(args.reference, out) if args.reference else None
+    verdicts: collections.Counter[str] = collections.Counter()
     tally: collections.Counter[str] = collections.Counter()
     refusals: collections.Counter[str] = collections.Counter()
     gguf_py: collections.Counter[str] = collections.Counter()
@@ -420,6 +467,17 @@ def main() -> int:
             slowest = max(slowest, time.monotonic() - began)
             done += 1
             tally[result["status"]] += 1
+            if reference is not None and result["status"] in ("accepted", "refused"):
+                theirs = reference.verdict(data)
+                verdicts[f"{result['status']}/{theirs}"] += 1
+                if result.get("error") == "GgufOverflow" and theirs == "ok":
+                    # ggml computes sizes in int64/size_t, and a product that wraps to 0 or below skips its own
+                    # overflow check (undefined behaviour in C); the SPEC refuses any overflow, so stfs does.
+                    tally["known: ggml's sizes wrap"] += 1
+                elif (result["status"] == "accepted") != (theirs == "ok"):
+                    detail = result.get("error", "accepted")
+                    result = {"status": "finding", "why": f"ggml says {theirs}, stfs {result['status']} ({detail})"}
+                    tally["disagreements"] += 1
             if result["status"] == "refused":
                 refusals[result["error"]] += 1
             elif result["status"] == "accepted":
@@ -434,11 +492,18 @@ def main() -> int:
                 print(f"finding {stem}: {result['why'].strip().splitlines()[-1]}", flush=True)
     finally:
         runner.stop()
+        if reference is not None:
+            reference.stop()
     elapsed = time.monotonic() - started
     print(f"cases: {done} in {elapsed:.1f} s ({done / max(elapsed, 1e-9):.0f}/s), slowest {slowest * 1000:.0f} ms")
     print(f"accepted: {tally['accepted']}, refused: {tally['refused']}")
+    if reference is not None:
+        known = tally["known: ggml's sizes wrap"]
+        print(f"disagreements with ggml: {tally['disagreements']}; known (ggml's sizes wrap, stfs refuses): {known}")
     print("refusals: " + ", ".join(f"{k} {v}" for k, v in refusals.most_common()))
     print("accepted files, gguf-py's reading: " + ", ".join(f"{k} {v}" for k, v in gguf_py.most_common()))
+    if reference is not None:
+        print("stfs/ggml verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())))
     print(f"findings: {findings}")
     return 1 if findings else 0
 
