@@ -268,32 +268,15 @@ class _Parser:
             )
         raise HeaderIncomplete(stop + self._rest())
 
-    def _u32(self, what: str) -> int:
-        self._need(4, what)
-        (value,) = _U32.unpack_from(self.buf, self.pos)
-        self.pos += 4
-        return int(value)
-
-    def _i32(self, what: str) -> int:
-        self._need(4, what)
-        (value,) = _I32.unpack_from(self.buf, self.pos)
-        self.pos += 4
-        return int(value)
-
-    def _u64(self, what: str) -> int:
-        self._need(8, what)
-        (value,) = _U64.unpack_from(self.buf, self.pos)
-        self.pos += 8
-        return int(value)
-
-    def _i64(self, what: str) -> int:
-        self._need(8, what)
-        (value,) = _I64.unpack_from(self.buf, self.pos)
-        self.pos += 8
+    def _int(self, codec: struct.Struct, what: str) -> int:
+        """The integer ``codec`` reads at ``pos`` (``_U32``, ``_I32``, ``_U64``, ``_I64``)."""
+        self._need(codec.size, what)
+        (value,) = codec.unpack_from(self.buf, self.pos)
+        self.pos += codec.size
         return int(value)
 
     def _string_length(self, what: str, tensor: str | None = None) -> int:
-        length = self._u64(f"the length of {what}")
+        length = self._int(_U64, f"the length of {what}")
         if length > MAX_STRING_LENGTH:
             raise errors.StringTooLong(self.path, f"{what} is {length} bytes, over the 1 GiB limit", tensor)
         if length > self.file_size - self.pos:
@@ -322,10 +305,10 @@ class _Parser:
             raise errors.InvalidMagic(path, f"the file starts with {magic!r}, not {MAGIC!r}")
         self.pos = 4
         version = self._version()
-        n_tensors = self._i64("the tensor count")
+        n_tensors = self._int(_I64, "the tensor count")
         if n_tensors < 0:
             raise errors.InvalidCount(path, f"tensor count {n_tensors} is negative (as llama.cpp's i64)")
-        n_kv = self._i64("the key/value count")
+        n_kv = self._int(_I64, "the key/value count")
         if n_kv < 0:
             raise errors.InvalidCount(path, f"key/value count {n_kv} is negative (as llama.cpp's i64)")
         left = self.file_size - self.pos
@@ -354,7 +337,7 @@ class _Parser:
         return GgufHeader(path, version, self.file_size, alignment, header_size, data_offset, metadata, tensors)
 
     def _version(self) -> int:
-        version = self._u32("the version")
+        version = self._int(_U32, "the version")
         if version == 0:
             raise errors.UnsupportedVersion(self.path, "version 0 is not a GGUF version")
         if version & 0xFFFF == 0:
@@ -377,10 +360,10 @@ class _Parser:
                 raise errors.EmptyKey(self.path, f"key {i} is empty")
             if key in found:
                 raise errors.DuplicateKvKey(self.path, f"key {key!r} appears twice (key {i})")
-            kind = self._i32(f"the type of key {key!r}")
+            kind = self._int(_I32, f"the type of key {key!r}")
             if kind == GGUFValueType.ARRAY:
-                item = self._i32(f"the element type of key {key!r}")
-                length = self._u64(f"the length of key {key!r}")
+                item = self._int(_I32, f"the element type of key {key!r}")
+                length = self._int(_U64, f"the length of key {key!r}")
                 found[key] = KeyValue(key, kind, self._array(key, item, length), item)
             else:
                 found[key] = KeyValue(key, kind, self._scalar(key, kind))
@@ -500,12 +483,12 @@ class _Parser:
             if c_name in seen:
                 raise errors.DuplicateTensorName(self.path, f"tensor {i} repeats the name of an earlier one", name)
             seen.add(c_name)
-            n_dims = self._u32(f"the dimension count of tensor {name!r}")
+            n_dims = self._int(_U32, f"the dimension count of tensor {name!r}")
             if n_dims > MAX_DIMS:
                 raise errors.InvalidDimensions(self.path, f"{n_dims} dimensions, more than {MAX_DIMS}", name)
             dims: tuple[int, ...] = ()
             for j in range(n_dims):
-                extent = self._i64(f"dimension {j} of tensor {name!r}")
+                extent = self._int(_I64, f"dimension {j} of tensor {name!r}")
                 if extent < 0:
                     raise errors.InvalidDimensions(self.path, f"dimension {j} is {extent}, negative", name)
                 dims += (extent,)
@@ -516,7 +499,7 @@ class _Parser:
                 or INT64_MAX // ne[3] <= ne[0] * ne[1] * ne[2]
             ):
                 raise errors.GgufOverflow(self.path, f"dimensions {list(dims)} hold 2^63 - 1 elements or more", name)
-            type_id = self._i32(f"the type of tensor {name!r}")
+            type_id = self._int(_I32, f"the type of tensor {name!r}")
             kind = GGML_TYPES.get(type_id)
             if kind is None:
                 raise errors.UnknownGgmlType(self.path, f"type {type_id} is not a GGML type gguf 0.19 knows", name)
@@ -529,7 +512,7 @@ class _Parser:
             elements = math.prod(ne)
             if elements // kind.block_size > SIZE_MAX // kind.type_size:
                 raise errors.GgufOverflow(self.path, f"{elements} {kind.name} elements take 2^64 bytes or more", name)
-            offset = self._u64(f"the offset of tensor {name!r}")
+            offset = self._int(_U64, f"the offset of tensor {name!r}")
             infos.append((name, kind, dims, offset))
         self.tensors_left = 0
         return infos
