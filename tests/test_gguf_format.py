@@ -563,14 +563,17 @@ def test_bool_byte_other_than_1_is_true() -> None:
 
 
 def test_names_and_strings_that_are_not_utf8_keep_their_bytes() -> None:
-    data = build(
-        [kv("k\xff".encode("latin-1"), GGUFValueType.STRING, string(b"v\xfe\xc3"))], [info(b"t\xff", [1], F32, 0)]
-    )
-    header = read("x.gguf", data + bytes(4))
+    entries = [
+        kv("k\xff".encode("latin-1"), GGUFValueType.STRING, string(b"v\xfe\xc3")),
+        kv_array("a", GGUFValueType.STRING, 2, string(b"ok") + string(b"\xff")),
+    ]
+    header = read("x.gguf", build(entries, [info(b"t\xff", [1], F32, 0)]) + bytes(4))
     assert os.fsencode(header.tensors[0].name) == b"t\xff"
-    (kv_,) = header.metadata.values()
+    kv_, array = header.metadata.values()
     assert os.fsencode(kv_.key) == b"k\xff"
-    assert gguf.metadata_file(kv_) == b"v\xfe\xc3\n"
+    assert gguf.metadata_file(kv_) == b"v\xfe\xc3\n"  # a string's file: its bytes as stored
+    assert gguf.metadata_file(array) == b'["ok","\\udcff"]\n'  # JSON: the escape of the surrogate
+    assert json.loads(gguf.metadata_file(array)) == ["ok", "\udcff"]
     text = gguf.header_json(header)
     document = json.loads(text)
     assert set(document) == {"__metadata__", "t\udcff"}

@@ -621,14 +621,14 @@ def metadata_file(kv: KeyValue) -> bytes:
     """The content of ``metadata/KEY``: a string as it is, anything else as its JSON; then a newline."""
     if kv.type == GGUFValueType.STRING:
         assert isinstance(kv.value, str)
-        return _utf8(kv.value) + b"\n"
-    return _utf8(value_json(kv)) + b"\n"
+        return kv.value.encode("utf-8", "surrogateescape") + b"\n"  # its bytes as stored
+    return _json_bytes(value_json(kv)) + b"\n"
 
 
-def _utf8(text: str) -> bytes:
-    # A surrogate escape (a byte that was not UTF-8) becomes the JSON escape \udcXX inside JSON text, and its
-    # byte again in a plain string's file.
-    return text.encode("utf-8", "surrogateescape")
+def _json_bytes(text: str) -> bytes:
+    # A surrogate escape (a byte that was not UTF-8) can only stand inside a JSON string, where \udcXX is its
+    # escape: the text stays UTF-8 and valid JSON.
+    return text.encode("utf-8", "backslashreplace")
 
 
 def header_json(model: GgufHeader | GgufSplitSet) -> bytes:
@@ -654,7 +654,7 @@ def header_json(model: GgufHeader | GgufSplitSet) -> bytes:
             member += f',"file":{json.dumps(file, ensure_ascii=False)}'
         parts.append(member + "}")
     parts.append("}")
-    return "".join(parts).encode("utf-8", "backslashreplace")
+    return _json_bytes("".join(parts))
 
 
 # -- split sets (gguf-split) -------------------------------------------------------------------------------------
