@@ -12,6 +12,12 @@ only where the header is larger still), and never reaches past the bytes that bo
 Layout (v2 and v3): ``GGUF``, u32 version, u64 tensor count, u64 key/value count, the key/values, the tensor
 infos, zero padding to the alignment, the data section. Strings are a u64 length and their bytes. The type
 table (names, block sizes) is the ``gguf`` package's, never a copy of it.
+
+Where the SPEC is silent, as llama.cpp reads it: a tensor with no dimensions (n_dims 0) is one element, shape
+``[]``; names are compared as C strings for duplicates (``a\\0x`` and ``a\\0y`` are one name to ggml); a bool is
+true for any byte but 0. Names and strings that are not UTF-8 keep their bytes as surrogate escapes
+(``os.fsdecode``'s convention): a ``metadata/`` string file holds the bytes, JSON the ``\\udcXX`` escape. JSON has
+no NaN or infinity: those float values are the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
 """
 
 from __future__ import annotations
