@@ -32,6 +32,8 @@ PY
 "$work/fresh/bin/stfs" --version
 "$work/fresh/bin/stfs" info "$work/tiny.safetensors"
 "$work/fresh/bin/python" -c "import stfs.fs"  # mfusepy (pinned <4) loads libfuse3 and has what stfs overrides
+# The GGUF reader's type table and decoders come from the gguf package, a dependency of the wheel.
+"$work/fresh/bin/python" -c "from stfs.formats import gguf; assert gguf.ggml_type('Q4_K').dequantizable"
 # The wheel carries both C extensions (stfs._native built against the libfuse3 headers, stfs._tls) and a mount
 # from it answers in C. Its listing is taken whole first: `grep -q` stops reading at its match, and under pipefail
 # the lister's broken pipe failed the check now and then.
