@@ -23,19 +23,20 @@ no NaN or infinity: those float values are the strings ``"NaN"``, ``"Infinity"``
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .. import errors
-from .base import RangeFetcher
+from .base import Header, RangeFetcher, TensorEntry
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -745,3 +746,40 @@ def _split_key(header: GgufHeader, key: str, kind: int) -> int:
         )
     assert isinstance(kv.value, int)
     return kv.value
+
+
+# -- the format seam: a GGUF file as every format's Header -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GgufEntry(TensorEntry):
+    """A tensor of a GGUF file: its dtype is its GGML type's name, its files' xattrs ``user.gguf.*``."""
+
+    namespace: ClassVar[str] = "gguf"
+
+
+def fetch_header(
+    fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = FIRST_READ
+) -> Header:
+    """Read and validate the GGUF file ``path`` through ``fetch`` (``read_header``) as a ``Header``: GGML type
+    names, C-order shapes, metadata files' contents, ``header.json`` made in the safetensors schema; the GGUF
+    header itself as ``parsed`` (a split set's checks need its key/values)."""
+    parsed = read_header(fetch, file_size, path=path, first_read=max(first_read, FIRST_READ))
+    made = header_json(parsed)
+    return Header(
+        path=path,
+        file_size=file_size,
+        mtime_ns=mtime_ns,
+        tensors=tuple(GgufEntry(t.name, t.dtype, t.shape, t.offset, t.offset + t.nbytes) for t in parsed.tensors),
+        metadata=metadata_texts(parsed.metadata),
+        digest=hashlib.sha256(made).digest(),
+        data_start=parsed.data_offset,
+        json_made=made,
+        parsed=parsed,
+    )
+
+
+def metadata_texts(metadata: Mapping[str, KeyValue]) -> dict[str, str]:
+    """Each key's ``metadata/KEY`` content less its newline, as text (bytes that are not UTF-8 as surrogate
+    escapes, which the tree writes back as those bytes)."""
+    return {key: metadata_file(kv)[:-1].decode("utf-8", "surrogateescape") for key, kv in metadata.items()}
