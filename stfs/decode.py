@@ -199,7 +199,8 @@ def _ggml_codec(dtype: str) -> Codec | None:
     qtype = GGMLQuantizationType(found.id)
 
     def decode(source: memoryview, out: memoryview) -> None:
-        np.copyto(_floats(out), dequantize(np.frombuffer(source, dtype=np.uint8), qtype).reshape(-1))
+        with np.errstate(all="ignore"):  # NaN and inf scales give NaN and inf values, as ggml's do: no warning
+            np.copyto(_floats(out), dequantize(np.frombuffer(source, dtype=np.uint8), qtype).reshape(-1))
 
     return Codec(dtype, found.type_size, found.block_size, decode)
 
