@@ -548,12 +548,10 @@ def test_negative_first_dimension_is_seen_before_a_truncated_second() -> None:
 # -- edge cases that llama.cpp accepts ---------------------------------------------------------------------------
 
 
-def test_a_tensor_with_no_dimensions_is_a_scalar(tmp_path: Path) -> None:
-    # llama.cpp refuses only n_dims > 4; n_dims 0 is one element (ne = 1, 1, 1, 1), shape () in C order.
-    path = tmp_path / "scalar.gguf"
-    path.write_bytes(build([ARCH], [info("s", [], F32, 0)], struct.pack("<f", 2.5)))
-    header = same_as_gguf_py(path)
-    assert header.tensors[0].shape == () and header.tensors[0].nbytes == 4
+def test_a_tensor_with_no_dimensions_is_refused() -> None:
+    # llama.cpp refuses only n_dims > 4 (n_dims 0 is one element to it); SPEC §11 asks for 1 to 4 dimensions.
+    message = refused(build([ARCH], [info("s", [], F32, 0)], struct.pack("<f", 2.5)), errors.InvalidDimensions, "s")
+    assert "0 dimensions" in message
 
 
 def test_bool_byte_other_than_1_is_true() -> None:

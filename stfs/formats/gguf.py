@@ -13,11 +13,12 @@ Layout (v2 and v3): ``GGUF``, u32 version, u64 tensor count, u64 key/value count
 infos, zero padding to the alignment, the data section. Strings are a u64 length and their bytes. The type
 table (names, block sizes) is the ``gguf`` package's, never a copy of it.
 
-Where the SPEC is silent, as llama.cpp reads it: a tensor with no dimensions (n_dims 0) is one element, shape
-``[]``; names are compared as C strings for duplicates (``a\\0x`` and ``a\\0y`` are one name to ggml); a bool is
-true for any byte but 0. Names and strings that are not UTF-8 keep their bytes as surrogate escapes
-(``os.fsdecode``'s convention): a ``metadata/`` string file holds the bytes, JSON the ``\\udcXX`` escape. JSON has
-no NaN or infinity: those float values are the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+A tensor with no dimensions (n_dims 0), which llama.cpp reads as one element, is refused as SPEC §11 says (1 to
+4 dimensions). Where the SPEC is silent, as llama.cpp reads it: names are compared as C strings for duplicates
+(``a\\0x`` and ``a\\0y`` are one name to ggml); a bool is true for any byte but 0. Names and strings that are not
+UTF-8 keep their bytes as surrogate escapes (``os.fsdecode``'s convention): a ``metadata/`` string file holds the
+bytes, JSON the ``\\udcXX`` escape. JSON has no NaN or infinity: those float values are the strings ``"NaN"``,
+``"Infinity"``, ``"-Infinity"``.
 """
 
 from __future__ import annotations
@@ -491,8 +492,8 @@ class _Parser:
                 raise errors.DuplicateTensorName(self.path, f"tensor {i} repeats the name of an earlier one", name)
             seen.add(c_name)
             n_dims = self._int(_U32, f"the dimension count of tensor {name!r}")
-            if n_dims > MAX_DIMS:
-                raise errors.InvalidDimensions(self.path, f"{n_dims} dimensions, more than {MAX_DIMS}", name)
+            if not 1 <= n_dims <= MAX_DIMS:  # llama.cpp refuses more than 4; SPEC §11 a tensor without any too
+                raise errors.InvalidDimensions(self.path, f"{n_dims} dimensions, not 1 to {MAX_DIMS}", name)
             dims: tuple[int, ...] = ()
             for j in range(n_dims):
                 extent = self._int(_I64, f"dimension {j} of tensor {name!r}")
