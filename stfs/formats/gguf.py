@@ -48,6 +48,8 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 INT64_MAX = 2**63 - 1
 SIZE_MAX = 2**64 - 1
 FIRST_READ = 2 << 20  # the first request; each later one at most doubles what was read, plus this
+LOCAL_FIRST_READ = 16 << 20  # where reads are cheap: most vocabularies' headers, parsed once
+CHEAP_BELOW = 64 << 10  # a source whose first read of a header asks for less reads cheaply (ByteSource.first_read)
 ALIGNMENT_KEY = "general.alignment"
 
 # The least bytes each thing can take, for the bounds on what the bytes left can hold.
@@ -639,10 +641,10 @@ def _json_bytes(text: str) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
-def header_json(model: GgufHeader | GgufSplitSet) -> bytes:
+def header_json(model: GgufHeader | GgufSplitSet, texts: Mapping[str, str] | None = None) -> bytes:
     """``header.json`` in the safetensors schema (SPEC §11): ``__metadata__`` with every key/value, then each
     tensor's ``dtype``, C-order ``shape`` and ``data_offsets`` relative to its file's data section; a split set
-    adds each tensor's ``file``."""
+    adds each tensor's ``file``. ``texts``: each key's ``value_json`` where the caller has made them already."""
     if isinstance(model, GgufHeader):
         metadata: Mapping[str, KeyValue] = model.metadata
         entries: list[tuple[GgufTensor, str | None]] = [(t, None) for t in model.tensors]
@@ -650,7 +652,11 @@ def header_json(model: GgufHeader | GgufSplitSet) -> bytes:
         metadata = model.metadata
         entries = [(t, f) for f, t in model.tensors]
     parts = ['{"__metadata__":{']
-    parts.append(",".join(f"{json.dumps(k, ensure_ascii=False)}:{value_json(kv)}" for k, kv in metadata.items()))
+    parts.append(
+        ",".join(
+            f"{json.dumps(k, ensure_ascii=False)}:{texts[k] if texts else value_json(kv)}" for k, kv in metadata.items()
+        )
+    )
     parts.append("}")
     for tensor, file in entries:
         member = (
@@ -765,14 +771,16 @@ def fetch_header(
     """Read and validate the GGUF file ``path`` through ``fetch`` (``read_header``) as a ``Header``: GGML type
     names, C-order shapes, metadata files' contents, ``header.json`` made in the safetensors schema; the GGUF
     header itself as ``parsed`` (a split set's checks need its key/values)."""
-    parsed = read_header(fetch, file_size, path=path, first_read=max(first_read, FIRST_READ))
-    made = header_json(parsed)
+    cheap = first_read < CHEAP_BELOW  # a local file: reading more costs less than parsing a vocabulary again
+    parsed = read_header(fetch, file_size, path=path, first_read=LOCAL_FIRST_READ if cheap else FIRST_READ)
+    texts = {key: value_json(kv) for key, kv in parsed.metadata.items()}  # the longest work: done once
+    made = header_json(parsed, texts)
     return Header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
         tensors=tuple(GgufEntry(t.name, t.dtype, t.shape, t.offset, t.offset + t.nbytes) for t in parsed.tensors),
-        metadata=metadata_texts(parsed.metadata),
+        metadata=metadata_texts(parsed.metadata, texts),
         digest=hashlib.sha256(made).digest(),
         data_start=parsed.data_offset,
         json_made=made,
@@ -780,7 +788,13 @@ def fetch_header(
     )
 
 
-def metadata_texts(metadata: Mapping[str, KeyValue]) -> dict[str, str]:
+def metadata_texts(metadata: Mapping[str, KeyValue], texts: Mapping[str, str] | None = None) -> dict[str, str]:
     """Each key's ``metadata/KEY`` content less its newline, as text (bytes that are not UTF-8 as surrogate
-    escapes, which the tree writes back as those bytes)."""
-    return {key: metadata_file(kv)[:-1].decode("utf-8", "surrogateescape") for key, kv in metadata.items()}
+    escapes, which the tree writes back as those bytes); ``texts``: each key's ``value_json``, made already."""
+    found = {}
+    for key, kv in metadata.items():
+        if kv.type == GGUFValueType.STRING or texts is None:
+            found[key] = metadata_file(kv)[:-1].decode("utf-8", "surrogateescape")
+        else:
+            found[key] = _json_bytes(texts[key]).decode("utf-8")
+    return found
