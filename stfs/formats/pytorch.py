@@ -34,11 +34,14 @@ from .. import errors
 Read = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
 
 # Bounds of the pickle reader (SPEC §12): past one, the file is invalid input.
-MAX_OPCODES = 4_000_000  # ~250 MB of Python objects at worst (every opcode one new string)
-MAX_MEMO = 2_000_000
+MAX_OPCODES = (
+    2_000_000  # ~25 a tensor in torch.save's pickles; at worst ~200 MB of Python objects (one new string each)
+)
+MAX_MEMO = 1_000_000
 MAX_NESTING = 1_000  # marks open at once; containers deep in the walk
 MAX_WALK_STEPS = 1_000_000  # containers and tensors entered while naming tensors, each time they are reached
 MAX_NAME = 65_536  # characters of a tensor's name (its path of keys)
+MAX_NAME_CHARS = 64 << 20  # characters of all the names the walk makes (a reused structure of long keys)
 MAX_LINE = 65_536  # a GLOBAL's module or name line
 MAX_INLINE = 1 << 20  # strings and bytes longer than this are not read, only skipped (a placeholder stays)
 MAX_ZIP_ENTRIES = 1_000_000
@@ -1074,6 +1077,7 @@ class _Walker:
     def __init__(self, path: str) -> None:
         self.path = path
         self.steps = 0
+        self.chars = 0
         self._kids: dict[int, list[tuple[Any, Any]]] = {}
 
     def walk(self, root: Any) -> list[tuple[str, Any]]:
@@ -1100,8 +1104,11 @@ class _Walker:
                 )
             key, child = step
             name = _segment(key) if prefix is None else f"{prefix}.{_segment(key)}"
-            if len(name) > MAX_NAME:
-                raise errors.PickleLimitExceeded(self.path, f"a tensor's path of keys is over {MAX_NAME:,} characters")
+            self.chars += len(name)
+            if len(name) > MAX_NAME or self.chars > MAX_NAME_CHARS:
+                raise errors.PickleLimitExceeded(
+                    self.path, f"a path of keys over {MAX_NAME:,} characters, or all of them over {MAX_NAME_CHARS:,}"
+                )
             if isinstance(child, _LEAVES):
                 out.append((name, child))
                 continue
