@@ -49,7 +49,7 @@ MAX_DIRECTORY = 256 << 20  # bytes of the zip's central directory
 MAX_REBUILD_NESTING = 8  # _rebuild_from_type_v2 wrapping itself
 WINDOW = 16 << 20  # the most one read of a pickle asks for
 LEGACY_FIRST_READ = 64 << 10
-TAIL_READ = 64 << 10  # the first read of a zip, from its end: the end records, and a directory of ~500 entries
+TAIL_READ = 22 + 20 + 56  # the first read of a zip, from its end: the end record, ZIP64 locator and record
 HEADER_SLACK = 256  # bytes past a local header's name read at once for its extra field (torch's is <= 87)
 COALESCE_GAP = 4096  # two reads closer than this become one
 
@@ -1381,22 +1381,22 @@ def _zip_layout(entries: list[_Entry], path: str) -> tuple[str, dict[str, _Entry
 
 
 def _local_headers(
-    read: Read, entries: Sequence[_Entry], want: Sequence[int], size: int, cd_start: int, path: str
+    read: Read, entries: Sequence[_Entry], want: Sequence[int], bounds: Sequence[int], cd_start: int, path: str
 ) -> list[tuple[int, bytes]]:
     """Each entry's absolute data offset (from its local header) and the first ``want`` bytes of its data.
 
     A header is read as its 30 fixed bytes and name (its extra field's length is all that is needed of the
-    rest); where data is wanted too, the read reaches ``HEADER_SLACK`` further for the extra field. Headers
-    that lie close are read together.
+    rest); where data is wanted too, the read reaches ``HEADER_SLACK`` further for the extra field, but not
+    past ``bounds`` (the next entry's header): never into another entry's data. Headers that lie close are
+    read together (small storages between them along).
     """
     ranges = []
-    for entry, wanted in zip(entries, want, strict=True):
+    for entry, wanted, bound in zip(entries, want, bounds, strict=True):
         fixed = _LOCAL.size + len(entry.raw_name)
         if entry.header_offset + fixed > cd_start:
             raise errors.InvalidZipArchive(path, f"entry {entry.name!r}: its local header lies past the entries")
-        ranges.append(
-            (entry.header_offset, min(fixed + (HEADER_SLACK + wanted if wanted else 0), size - entry.header_offset))
-        )
+        length = fixed + (HEADER_SLACK + wanted if wanted else 0)
+        ranges.append((entry.header_offset, max(fixed, min(length, bound - entry.header_offset))))
     blocks = _read_ranges(read, ranges, path)
     out = []
     for entry, wanted, block in zip(entries, want, blocks, strict=True):
@@ -1418,6 +1418,12 @@ def _local_headers(
     return out
 
 
+def _next_headers(wanted: Sequence[_Entry], entries: Sequence[_Entry], cd_start: int) -> list[int]:
+    """For each wanted entry, where the next entry's local header (or the central directory) begins."""
+    starts = sorted({e.header_offset for e in entries} | {cd_start})
+    return [next((s for s in starts if s > entry.header_offset), entry.header_offset) for entry in wanted]
+
+
 def _stored(entry: _Entry, path: str) -> None:
     if entry.flags & 0x1:
         raise errors.CompressedEntry(path, f"entry {entry.name!r} is encrypted")
@@ -1435,7 +1441,7 @@ def _read_zip(read: Read, size: int, path: str) -> Checkpoint:
         _stored(entry, path)
     # data.pkl and byteorder (written right after it) with their local headers: one read where they fit.
     (pickle_start, first), *order = _local_headers(
-        read, wanted, [min(e.size, WINDOW) for e in wanted], size, cd_start, path
+        read, wanted, [min(e.size, WINDOW) for e in wanted], _next_headers(wanted, entries, cd_start), cd_start, path
     )
     if order and order[0][1] != b"little":
         raise errors.BigEndianCheckpoint(
@@ -1459,7 +1465,9 @@ def _read_zip(read: Read, size: int, path: str) -> Checkpoint:
                 f"storage {key!r} holds {ref.numel} x {ref.dtype} in the pickle, {entry.size} bytes in {entry.name}",
             )
         data_entries.append((key, entry))
-    found = _local_headers(read, [entry for _, entry in data_entries], [0] * len(data_entries), size, cd_start, path)
+    storage_entries = [entry for _, entry in data_entries]
+    zeros = [0] * len(storage_entries)
+    found = _local_headers(read, storage_entries, zeros, [cd_start] * len(zeros), cd_start, path)
     storages = {
         key: _StorageBytes(start, entry.size) for (key, entry), (start, _) in zip(data_entries, found, strict=True)
     }
