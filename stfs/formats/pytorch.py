@@ -613,6 +613,7 @@ class _Interpreter:
         """Interpret one pickle from the stream's position up to its STOP; the stream stays after it."""
         path = self.path
         data, pos = stream.data, 0
+        end = len(data)
         stack: list[Any] = []
         push = stack.append
         marks: list[int] = []
@@ -620,45 +621,46 @@ class _Interpreter:
         opcodes = self.opcodes
         try:
             while True:
-                if pos >= len(data):
+                if pos >= end:
                     data, pos = stream.refill(pos, 1)
+                    end = len(data)
                 op = data[pos]
                 pos += 1
                 opcodes += 1
                 if opcodes > MAX_OPCODES:
                     raise errors.PickleLimitExceeded(path, f"more than {MAX_OPCODES:,} opcodes")
-                # The opcodes torch.save writes, most frequent first.
+                # Most frequent first, as torch.save's pickles use them (protocols 2 and 4).
                 if op == 0x71 or op == 0x72:  # BINPUT, LONG_BINPUT
                     width = 1 if op == 0x71 else 4
-                    if pos + width > len(data):
+                    if pos + width > end:
                         data, pos = stream.refill(pos, width)
+                        end = len(data)
                     index = data[pos] if width == 1 else _UNPACK_U32(data, pos)[0]
                     pos += width
-                    if index not in memo and len(memo) >= MAX_MEMO:
+                    if len(memo) >= MAX_MEMO and index not in memo:
                         raise errors.PickleLimitExceeded(path, f"more than {MAX_MEMO:,} memo entries")
                     memo[index] = stack[-1]
                 elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
                     width = 1 if op == 0x68 else 4
-                    if pos + width > len(data):
+                    if pos + width > end:
                         data, pos = stream.refill(pos, width)
+                        end = len(data)
                     index = data[pos] if width == 1 else _UNPACK_U32(data, pos)[0]
                     pos += width
                     if index not in memo:
                         raise self._fail(f"memo entry {index} read before it was written")
                     push(memo[index])
-                elif op == 0x28:  # MARK
-                    if len(marks) >= MAX_NESTING:
-                        raise errors.PickleTooDeep(path, f"more than {MAX_NESTING} marks open at once")
-                    marks.append(len(stack))
-                elif op == 0x4B:  # BININT1
-                    if pos + 1 > len(data):
-                        data, pos = stream.refill(pos, 1)
-                    push(data[pos])
-                    pos += 1
+                elif op == 0x4D:  # BININT2
+                    if pos + 2 > end:
+                        data, pos = stream.refill(pos, 2)
+                        end = len(data)
+                    push(_UNPACK_U16(data, pos)[0])
+                    pos += 2
                 elif op == 0x58 or op == 0x8C or op == 0x8D:  # BINUNICODE, SHORT_BINUNICODE, BINUNICODE8
                     width = 4 if op == 0x58 else 1 if op == 0x8C else 8
-                    if pos + width > len(data):
+                    if pos + width > end:
                         data, pos = stream.refill(pos, width)
+                        end = len(data)
                     size = (
                         _UNPACK_U32(data, pos)[0]
                         if width == 4
@@ -670,42 +672,66 @@ class _Interpreter:
                     if size > MAX_INLINE:
                         here = stream.base + pos
                         data, pos = stream.skip(pos, size, "string")
+                        end = len(data)
                         push(_Large("string", here, size))
                         continue
-                    if pos + size > len(data):
+                    if pos + size > end:
                         data, pos = stream.refill(pos, size)
+                        end = len(data)
                     push(str(data[pos : pos + size], "utf-8", "surrogatepass"))
                     pos += size
+                elif op == 0x28:  # MARK
+                    if len(marks) >= MAX_NESTING:
+                        raise errors.PickleTooDeep(path, f"more than {MAX_NESTING} marks open at once")
+                    marks.append(len(stack))
                 elif op == 0x74:  # TUPLE
                     start = marks.pop()
                     made_tuple = tuple(stack[start:])
                     del stack[start:]
                     push(made_tuple)
+                elif op == 0x4B:  # BININT1
+                    if pos + 1 > end:
+                        data, pos = stream.refill(pos, 1)
+                        end = len(data)
+                    push(data[pos])
+                    pos += 1
                 elif op == 0x52:  # REDUCE
                     args = stack.pop()
                     stack[-1] = self._call(stack[-1], args)
-                elif op == 0x85:  # TUPLE1
-                    stack[-1] = (stack[-1],)
                 elif op == 0x86:  # TUPLE2
                     second = stack.pop()
                     stack[-1] = (stack[-1], second)
+                elif op == 0x94:  # MEMOIZE
+                    if len(memo) >= MAX_MEMO:
+                        raise errors.PickleLimitExceeded(path, f"more than {MAX_MEMO:,} memo entries")
+                    memo[len(memo)] = stack[-1]
+                elif op == 0x51:  # BINPERSID
+                    stack[-1] = self._persistent(stack[-1])
+                elif op == 0x89:  # NEWFALSE
+                    push(False)
+                elif op == 0x29:  # EMPTY_TUPLE
+                    push(())
+                elif op == 0x4A:  # BININT
+                    if pos + 4 > end:
+                        data, pos = stream.refill(pos, 4)
+                        end = len(data)
+                    push(_UNPACK_I32(data, pos)[0])
+                    pos += 4
+                elif op == 0x85:  # TUPLE1
+                    stack[-1] = (stack[-1],)
                 elif op == 0x87:  # TUPLE3
                     third = stack.pop()
                     second = stack.pop()
                     stack[-1] = (stack[-1], second, third)
-                elif op == 0x29:  # EMPTY_TUPLE
-                    push(())
-                elif op == 0x89:  # NEWFALSE
-                    push(False)
                 elif op == 0x88:  # NEWTRUE
                     push(True)
                 elif op == 0x4E:  # NONE
                     push(None)
-                elif op == 0x51:  # BINPERSID
-                    stack[-1] = self._persistent(stack[-1])
                 elif op == 0x63 or op == 0x69:  # GLOBAL, INST: two lines, module and name
                     module, data, pos = self._line(stream, data, pos)
+                    end = len(data)
                     name, data, pos = self._line(stream, data, pos)
+                    end = len(data)
                     name_ref = self._global(module, name)
                     if op == 0x63:
                         push(name_ref)
@@ -720,10 +746,11 @@ class _Interpreter:
                     if type(module) is not str or type(name) is not str:
                         raise self._fail("STACK_GLOBAL of something other than two strings")
                     push(self._global(module, name))
-                elif op == 0x94:  # MEMOIZE
-                    if len(memo) >= MAX_MEMO:
-                        raise errors.PickleLimitExceeded(path, f"more than {MAX_MEMO:,} memo entries")
-                    memo[len(memo)] = stack[-1]
+                elif op == 0x95:  # FRAME: a length prefix only; frames change nothing else
+                    if pos + 8 > end:
+                        data, pos = stream.refill(pos, 8)
+                        end = len(data)
+                    pos += 8
                 elif op == 0x7D:  # EMPTY_DICT
                     push({})
                 elif op == 0x5D:  # EMPTY_LIST
@@ -761,20 +788,11 @@ class _Interpreter:
                     args = stack.pop()
                     cls = stack.pop()
                     push(self._new(cls, args))
-                elif op == 0x4A:  # BININT
-                    if pos + 4 > len(data):
-                        data, pos = stream.refill(pos, 4)
-                    push(_UNPACK_I32(data, pos)[0])
-                    pos += 4
-                elif op == 0x4D:  # BININT2
-                    if pos + 2 > len(data):
-                        data, pos = stream.refill(pos, 2)
-                    push(_UNPACK_U16(data, pos)[0])
-                    pos += 2
                 elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
                     width = 1 if op == 0x8A else 4
-                    if pos + width > len(data):
+                    if pos + width > end:
                         data, pos = stream.refill(pos, width)
+                        end = len(data)
                     size = data[pos] if width == 1 else _UNPACK_I32(data, pos)[0]
                     pos += width
                     if size < 0:
@@ -782,21 +800,25 @@ class _Interpreter:
                     if size > 1024:  # no integer a checkpoint needs is this long: kept as a placeholder
                         here = stream.base + pos
                         data, pos = stream.skip(pos, size, "long integer")
+                        end = len(data)
                         push(_Large("integer", here, size))
                         continue
-                    if pos + size > len(data):
+                    if pos + size > end:
                         data, pos = stream.refill(pos, size)
+                        end = len(data)
                     push(int.from_bytes(data[pos : pos + size], "little", signed=True))
                     pos += size
                 elif op == 0x47:  # BINFLOAT
-                    if pos + 8 > len(data):
+                    if pos + 8 > end:
                         data, pos = stream.refill(pos, 8)
+                        end = len(data)
                     push(_UNPACK_F64(data, pos)[0])
                     pos += 8
                 elif op in _BYTES_WIDTHS:  # SHORT_BINSTRING, BINSTRING, SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8
                     width = _BYTES_WIDTHS[op]
-                    if pos + width > len(data):
+                    if pos + width > end:
                         data, pos = stream.refill(pos, width)
+                        end = len(data)
                     size = (
                         data[pos]
                         if width == 1
@@ -810,10 +832,12 @@ class _Interpreter:
                     if size > MAX_INLINE:
                         here = stream.base + pos
                         data, pos = stream.skip(pos, size, "bytes")
+                        end = len(data)
                         push(_Large("bytes", here, size))
                         continue
-                    if pos + size > len(data):
+                    if pos + size > end:
                         data, pos = stream.refill(pos, size)
+                        end = len(data)
                     raw = data[pos : pos + size]
                     pos += size
                     if op in (0x55, 0x54):  # Python 2 str: text as torch.load reads it (utf-8), else bytes
@@ -824,16 +848,13 @@ class _Interpreter:
                     else:
                         push(raw)
                 elif op == 0x80:  # PROTO
-                    if pos + 1 > len(data):
+                    if pos + 1 > end:
                         data, pos = stream.refill(pos, 1)
+                        end = len(data)
                     self.protocol = data[pos]
                     pos += 1
                     if self.protocol > 5:
                         raise self._fail(f"pickle protocol {self.protocol}, beyond 5")
-                elif op == 0x95:  # FRAME: a length prefix only; frames change nothing else
-                    if pos + 8 > len(data):
-                        data, pos = stream.refill(pos, 8)
-                    pos += 8
                 elif op == 0x2E:  # STOP
                     if not stack:
                         raise self._fail("STOP with an empty stack")
@@ -887,14 +908,17 @@ class _Interpreter:
                     push(frozen)
                 elif op in (0x82, 0x83, 0x84):  # EXT1, EXT2, EXT4: the copyreg extension registry
                     width = {0x82: 1, 0x83: 2, 0x84: 4}[op]
-                    if pos + width > len(data):
+                    if pos + width > end:
                         data, pos = stream.refill(pos, width)
+                        end = len(data)
                     code = int.from_bytes(data[pos : pos + width], "little")
                     pos += width
                     push(self._global("copyreg.extension", str(code)))
                 elif op in _TEXT_OPCODES:  # protocol 0: INT, LONG, FLOAT, STRING, UNICODE, GET, PUT, PERSID
                     line, data, pos = self._line(stream, data, pos, raw=True)
+                    end = len(data)
                     data, pos = self._text_opcode(op, line, stack, memo, stream, data, pos)
+                    end = len(data)
                 elif op in (0x97, 0x98):  # NEXT_BUFFER, READONLY_BUFFER
                     raise self._fail("an out-of-band buffer (protocol 5), which a file cannot carry")
                 else:
@@ -944,7 +968,7 @@ class _Interpreter:
             stack.append(memo[index])
         elif op == 0x70:  # PUT
             index = int(line)
-            if index not in memo and len(memo) >= MAX_MEMO:
+            if len(memo) >= MAX_MEMO and index not in memo:
                 raise errors.PickleLimitExceeded(self.path, f"more than {MAX_MEMO:,} memo entries")
             memo[index] = stack[-1]
         elif op == 0x50:  # PERSID
