@@ -235,10 +235,12 @@ def test_gather_any_part_of_a_strided_tensor() -> None:
             assert pytorch.gather(tensor, reader, begin, end) == whole[begin:end], (tensor.name, begin, end)
 
 
-def test_pickle_protocols_4_and_5_read_the_same_tensors() -> None:
+@pytest.mark.parametrize("layout", ["zip", "legacy"])
+def test_pickle_protocols_3_to_5_read_the_same_tensors(layout: str) -> None:
     tensors = {"a": torch.randn(3, 4), "b": torch.randn(4).to(torch.bfloat16), "c": torch.randn(4, 3).t()}
     for protocol in (3, 4, 5):
-        data = save(tensors, pickle_protocol=protocol)
+        data = save(tensors, pickle_protocol=protocol, _use_new_zipfile_serialization=layout == "zip")
+        assert pytorch.detect(data[:512]) == layout
         checkpoint = read(data)
         assert checkpoint.protocol == protocol
         check_bytes(data, checkpoint, tensors)
@@ -544,6 +546,18 @@ def test_a_64_mib_checkpoint_costs_under_1_mib_of_reads() -> None:
         if tensor.storage_size > 64 << 10:
             start, end = tensor.storage_start + pytorch.COALESCE_GAP, tensor.storage_start + tensor.storage_size
             assert all(o + n <= start or o >= end for o, n in reader.ranges), tensor.name
+
+
+def test_a_zip_costs_four_reads_and_a_legacy_file_two() -> None:
+    """Past the head: the end records (the ZIP64 ones with them), the central directory, data.pkl with byteorder,
+    the storages' local headers (one read here: they lie close); a legacy file's pickles (one window), then its
+    counts (one read here)."""
+    tensors = {f"w{i}": torch.ones(8) for i in range(5)}
+    for layout, calls in (("zip", 4), ("legacy", 2)):
+        data = save(tensors, _use_new_zipfile_serialization=layout == "zip")
+        reader = Counted(data)
+        pytorch.read_checkpoint(reader, len(data), head=data[:512])
+        assert reader.calls == calls, (layout, reader.ranges)
 
 
 def test_a_given_head_saves_a_read() -> None:

@@ -55,8 +55,9 @@ COALESCE_GAP = 4096  # two reads closer than this become one
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
-# The start of a legacy file: PROTO 2, LONG1 of 10 bytes holding the magic number.
-LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
+# A legacy file starts with a pickle of the magic number: PROTO 2 to 5, a FRAME (protocols 4 and 5), then
+# LONG1 of 10 bytes holding it.
+LEGACY_MAGIC_LONG = b"\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 
 # torch dtype name -> (safetensors dtype, itemsize); None where safetensors has no such type (left out).
 TORCH_DTYPES: Mapping[str, tuple[str | None, int]] = {
@@ -299,8 +300,10 @@ def detect(head: bytes) -> str | None:
     """
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return "zip"
-    if head.startswith(LEGACY_PREFIX):
-        return "legacy"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        magic = head[11:23] if head[2:3] == b"\x95" else head[2:14]
+        if magic == LEGACY_MAGIC_LONG:
+            return "legacy"
     if head[257:262] == b"ustar":
         return "tar"
     return None
@@ -858,7 +861,6 @@ class _Interpreter:
                 elif op == 0x2E:  # STOP
                     if not stack:
                         raise self._fail("STOP with an empty stack")
-                    stream.data = data
                     stream.base += pos
                     stream.data = data[pos:]
                     self.opcodes = opcodes
@@ -1316,7 +1318,12 @@ def _zip_directory(read: Read, size: int, path: str) -> tuple[list[_Entry], int]
         if signature == b"PK\x06\x07":
             if z64_offset + _ZIP64_EOCD.size > locator_offset:
                 raise fail(path, f"the ZIP64 end record's offset {z64_offset} is not before its locator")
-            record = _read_exact(read, z64_offset, _ZIP64_EOCD.size, path)
+            tail_start = size - tail_size
+            record = (
+                tail[z64_offset - tail_start : z64_offset - tail_start + _ZIP64_EOCD.size]
+                if z64_offset >= tail_start
+                else _read_exact(read, z64_offset, _ZIP64_EOCD.size, path)
+            )
             (signature, _, _, _, disk, cd_disk, _, count, cd_size, cd_offset) = _ZIP64_EOCD.unpack(record)
             if signature != b"PK\x06\x06":
                 raise fail(path, "the ZIP64 locator points at no ZIP64 end record")
