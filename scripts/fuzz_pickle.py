@@ -181,6 +181,12 @@ def p_int(value: int) -> bytes:
     return b"\x8a" + bytes([len(raw)]) + raw
 
 
+def p_binstring(text: str) -> bytes:
+    """A Python 2 ``str`` (SHORT_BINSTRING), as checkpoints pickled by Python 2 hold names."""
+    raw = text.encode("utf-8")
+    return b"U" + bytes([len(raw)]) + raw
+
+
 def p_tuple(*parts: bytes) -> bytes:
     return MARK + b"".join(parts) + b"t"
 
@@ -208,6 +214,25 @@ def p_tensor(
         p_global("collections", "OrderedDict") + b")R",
     )
     return p_global("torch._utils", "_rebuild_tensor_v2") + args + b"R"
+
+
+def legacy_file(
+    object_pickle: bytes, storages: Sequence[tuple[str, int, bytes]], *, little_endian: bool = True
+) -> bytes:
+    """A file in the format before the zip (``_use_new_zipfile_serialization=False``): the magic number, the
+    protocol, sys_info, the object, the storage keys; then each storage (key, element count, bytes) in order."""
+    sys_info = p_dict(
+        [
+            (p_binstring("protocol_version"), p_int(pytorch.LEGACY_PROTOCOL)),
+            (p_binstring("little_endian"), b"\x88" if little_endian else b"\x89"),
+        ]
+    )
+    out = PROTO2 + p_int(pytorch.LEGACY_MAGIC) + STOP + PROTO2 + p_int(pytorch.LEGACY_PROTOCOL) + STOP
+    out += PROTO2 + sys_info + STOP + object_pickle
+    out += PROTO2 + b"]" + MARK + b"".join(p_binstring(key) for key, _, _ in storages) + b"e" + STOP
+    for _, count, data in storages:
+        out += struct.pack("<q", count) + data
+    return out
 
 
 def state_dict_pickle(tensors: Sequence[tuple[str, bytes]]) -> bytes:

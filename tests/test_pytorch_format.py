@@ -517,6 +517,56 @@ def test_legacy_storages_follow_from_the_pickles() -> None:
         read(data.replace(little, b"little_endianq\x02\x89"))
 
 
+def test_a_legacy_file_as_python_2_torch_wrote_it() -> None:
+    """Python 2 strings (SHORT_BINSTRING), 6-member persistent ids, a CUDA storage class and location, a storage
+    view (0.4's view metadata), _rebuild_tensor (v1) and _rebuild_tensor_v2: as torch's own loader reads them."""
+
+    def pid(key: str, storage: str, numel: int, view: bytes = b"N") -> bytes:
+        return (
+            fz.p_tuple(
+                fz.p_binstring("storage"),
+                fz.p_global("torch.cuda", storage),
+                fz.p_binstring(key),
+                fz.p_binstring("cuda:0"),
+                fz.p_int(numel),
+                view,
+            )
+            + b"Q"
+        )
+
+    def rebuild(
+        function: str, storage_pid: bytes, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]
+    ) -> bytes:
+        args = [storage_pid, fz.p_int(offset), fz.p_tuple(*map(fz.p_int, shape)), fz.p_tuple(*map(fz.p_int, strides))]
+        if function == "_rebuild_tensor_v2":
+            args += [b"\x89", fz.p_global("collections", "OrderedDict") + b")R"]
+        return fz.p_global("torch._utils", function) + fz.p_tuple(*args) + b"R"
+
+    floats = struct.pack("<6f", *range(6))
+    longs = struct.pack("<3q", 7, 8, 9)
+    view = fz.p_tuple(fz.p_binstring("140001"), fz.p_int(2), fz.p_int(4))  # elements 2..5 of the root
+    body = fz.p_dict(
+        [
+            (fz.p_binstring("w"), rebuild("_rebuild_tensor_v2", pid("140000", "FloatStorage", 6), 0, (2, 3), (3, 1))),
+            (fz.p_binstring("wt"), rebuild("_rebuild_tensor_v2", pid("140000", "FloatStorage", 6), 0, (3, 2), (1, 3))),
+            (fz.p_binstring("v"), rebuild("_rebuild_tensor", pid("140000", "FloatStorage", 6, view), 1, (2,), (1,))),
+            (fz.p_binstring("i"), rebuild("_rebuild_tensor_v2", pid("140002", "LongStorage", 3), 1, (2,), (1,))),
+        ]
+    )
+    data = fz.legacy_file(fz.PROTO2 + body + fz.STOP, [("140000", 6, floats), ("140002", 3, longs)])
+    checkpoint = read(data)
+    assert checkpoint.layout == "legacy"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    assert expected["v"].tolist() == [3.0, 4.0]  # torch reads the view as we do: elements 1.. of elements 2..5
+    check_bytes(data, checkpoint, expected)
+    with pytest.raises(errors.BigEndianCheckpoint):
+        read(fz.legacy_file(fz.PROTO2 + body + fz.STOP, [("140000", 6, floats)], little_endian=False))
+    with pytest.raises(errors.InvalidStorage, match="140002"):  # a storage the keys do not list
+        read(fz.legacy_file(fz.PROTO2 + body + fz.STOP, [("140000", 6, floats)]))
+
+
 def test_legacy_reads_are_the_pickles_and_the_counts() -> None:
     tensors = {f"w{i}": torch.randn(256, 256) for i in range(8)}  # 256 KiB each
     data = save(tensors, _use_new_zipfile_serialization=False)

@@ -18,6 +18,22 @@ Two layouts, as ``torch.serialization`` writes them:
 
 The tar format of torch 0.x and TorchScript archives are refused. Learnt from torch's
 ``_weights_only_unpickler.py`` and ``serialization.py`` and candle's ``pickle.rs``; a copy of neither.
+
+Choices where SPEC §12 is silent:
+
+* names: a tensor that is the top object itself is named ``""``; keys that are not strings are spelled as
+  decimal integers, UTF-8 bytes (backslash escapes), ``repr`` of other scalars, ``<...>`` for anything else;
+  two tensors on one name (keys ``1`` and ``"1"``) keep the first, the other left out with a warning;
+* an opaque object (a call of a name stfs does not interpret, such as a whole pickled ``nn.Module``) is
+  walked through its arguments (by position), its BUILD state (by key), and what SETITEMS and APPENDS gave
+  it; BUILD on a dict or list sets attributes (an OrderedDict's ``_metadata``), not contents, and is not
+  walked; a cycle is not followed;
+* conjugate and negative views (their stored bytes are not their values) are left out with a warning;
+* strings and bytes over ``MAX_INLINE`` are skipped unread (a placeholder stays);
+* reads: local headers closer than ``COALESCE_GAP`` are read together, with the small storages between them;
+  a legacy file's pickles are read in growing windows, the last of which reaches into the first storages;
+* stricter than torch.load: a local header naming another entry than the central directory does, a storage
+  named with two sizes, an entry twice, a storage size other than the pickle says.
 """
 
 from __future__ import annotations
