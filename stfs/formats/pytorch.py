@@ -675,8 +675,8 @@ class _Interpreter:
                         end = len(data)
                     push(_UNPACK_U16(data, pos)[0])
                     pos += 2
-                elif op == 0x58 or op == 0x8C or op == 0x8D:  # BINUNICODE, SHORT_BINUNICODE, BINUNICODE8
-                    width = 4 if op == 0x58 else 1 if op == 0x8C else 8
+                elif op in _SIZED:  # BINUNICODE, SHORT_BINUNICODE, BINUNICODE8; bytes; Python 2 strings
+                    width, kind = _SIZED[op]
                     if pos + width > end:
                         data, pos = stream.refill(pos, width)
                         end = len(data)
@@ -687,18 +687,29 @@ class _Interpreter:
                         if width == 1
                         else _UNPACK_U64(data, pos)[0]
                     )
+                    if op == 0x54 and size >= 2**31:  # BINSTRING's length is signed
+                        raise self._fail("BINSTRING of a negative length")
                     pos += width
                     if size > MAX_INLINE:
                         here = stream.base + pos
-                        data, pos = stream.skip(pos, size, "string")
+                        data, pos = stream.skip(pos, size, kind)
                         end = len(data)
-                        push(_Large("string", here, size))
+                        push(_Large(kind, here, size))
                         continue
                     if pos + size > end:
                         data, pos = stream.refill(pos, size)
                         end = len(data)
-                    push(str(data[pos : pos + size], "utf-8", "surrogatepass"))
+                    chunk = data[pos : pos + size]
                     pos += size
+                    if kind == "string":
+                        push(str(chunk, "utf-8", "surrogatepass"))
+                    elif kind == "Python 2 string":  # text as torch.load reads it (utf-8), else bytes
+                        try:
+                            push(chunk.decode("utf-8"))
+                        except UnicodeDecodeError:
+                            push(chunk)
+                    else:
+                        push(chunk)
                 elif op == 0x28:  # MARK
                     if len(marks) >= MAX_NESTING:
                         raise errors.PickleTooDeep(path, f"more than {MAX_NESTING} marks open at once")
@@ -833,39 +844,6 @@ class _Interpreter:
                         end = len(data)
                     push(_UNPACK_F64(data, pos)[0])
                     pos += 8
-                elif op in _BYTES_WIDTHS:  # SHORT_BINSTRING, BINSTRING, SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8
-                    width = _BYTES_WIDTHS[op]
-                    if pos + width > end:
-                        data, pos = stream.refill(pos, width)
-                        end = len(data)
-                    size = (
-                        data[pos]
-                        if width == 1
-                        else _UNPACK_U32(data, pos)[0]
-                        if width == 4
-                        else _UNPACK_U64(data, pos)[0]
-                    )
-                    if op == 0x54 and size >= 2**31:  # BINSTRING's length is signed
-                        raise self._fail("BINSTRING of a negative length")
-                    pos += width
-                    if size > MAX_INLINE:
-                        here = stream.base + pos
-                        data, pos = stream.skip(pos, size, "bytes")
-                        end = len(data)
-                        push(_Large("bytes", here, size))
-                        continue
-                    if pos + size > end:
-                        data, pos = stream.refill(pos, size)
-                        end = len(data)
-                    raw = data[pos : pos + size]
-                    pos += size
-                    if op in (0x55, 0x54):  # Python 2 str: text as torch.load reads it (utf-8), else bytes
-                        try:
-                            push(raw.decode("utf-8"))
-                        except UnicodeDecodeError:
-                            push(raw)
-                    else:
-                        push(raw)
                 elif op == 0x80:  # PROTO
                     if pos + 1 > end:
                         data, pos = stream.refill(pos, 1)
@@ -1028,8 +1006,18 @@ class _Interpreter:
             raise self._fail(f"APPEND(S) to {_describe(target)}")
 
 
-# SHORT_BINSTRING, BINSTRING, SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8 -> width of their length.
-_BYTES_WIDTHS: Mapping[int, int] = {0x55: 1, 0x54: 4, 0x43: 1, 0x42: 4, 0x8E: 8, 0x96: 8}
+# Opcodes of a length and that many bytes -> the width of the length, and what the bytes are.
+_SIZED: Mapping[int, tuple[int, str]] = {
+    0x58: (4, "string"),  # BINUNICODE
+    0x8C: (1, "string"),  # SHORT_BINUNICODE
+    0x8D: (8, "string"),  # BINUNICODE8
+    0x55: (1, "Python 2 string"),  # SHORT_BINSTRING
+    0x54: (4, "Python 2 string"),  # BINSTRING
+    0x43: (1, "bytes"),  # SHORT_BINBYTES
+    0x42: (4, "bytes"),  # BINBYTES
+    0x8E: (8, "bytes"),  # BINBYTES8
+    0x96: (8, "bytes"),  # BYTEARRAY8
+}
 _TEXT_OPCODES = frozenset(b"ILFSVgpP")
 _UNSUPPORTED_REBUILDS: Mapping[str, str] = {
     "torch._utils._rebuild_qtensor": "a quantized tensor, which safetensors cannot hold",
