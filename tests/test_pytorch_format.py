@@ -13,7 +13,7 @@ import sys
 import tarfile
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -608,6 +608,23 @@ def test_a_zip_costs_four_reads_and_a_legacy_file_two() -> None:
         reader = Counted(data)
         pytorch.read_checkpoint(reader, len(data), head=data[:512])
         assert reader.calls == calls, (layout, reader.ranges)
+
+
+@pytest.mark.parametrize("layout", ["zip", "legacy"])
+def test_read_many_is_asked_for_every_storage_at_once(layout: str) -> None:
+    """What a remote source can fetch concurrently: all the storages' local headers (or counts) in one call."""
+    state = {f"w{i}": torch.zeros(64, 1024) for i in range(40)}  # 256 KiB apart: no two ranges coalesce
+    data = save(state, _use_new_zipfile_serialization=layout == "zip")
+    batches: list[int] = []
+
+    def read_many(ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        batches.append(len(ranges))
+        return [data[offset : offset + size] for offset, size in ranges]
+
+    plain = pytorch.read_checkpoint(Counted(data), len(data))
+    batched = pytorch.read_checkpoint(Counted(data), len(data), read_many=read_many)
+    assert batched == plain
+    assert max(batches) == 40
 
 
 def test_a_given_head_saves_a_read() -> None:

@@ -48,6 +48,10 @@ from typing import Any
 from .. import errors
 
 Read = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
+# Several (offset, size) ranges -> their bytes, in order: where reads are costly (a remote source), the caller
+# may issue them at once. Used for the ranges that do not depend on each other (the storages' local headers,
+# a legacy file's counts); without one, they are read one after another through ``Read``.
+ReadMany = Callable[[Sequence[tuple[int, int]]], Sequence[bytes]]
 
 # Bounds of the pickle reader (SPEC §12): past one, the file is invalid input.
 MAX_OPCODES = (
@@ -325,19 +329,27 @@ def detect(head: bytes) -> str | None:
     return None
 
 
-def read_checkpoint(read: Read, size: int, *, path: str = "<checkpoint>", head: bytes | None = None) -> Checkpoint:
+def read_checkpoint(
+    read: Read,
+    size: int,
+    *,
+    path: str = "<checkpoint>",
+    head: bytes | None = None,
+    read_many: ReadMany | None = None,
+) -> Checkpoint:
     """Read and validate the checkpoint of ``size`` bytes behind ``read``; refusals raise ``errors.PytorchError``.
 
     ``head``: the file's first bytes where the caller has them already (a remote source's first read), at
-    least 512 of them or the whole file; else they are read.
+    least 512 of them or the whole file; else they are read. ``read_many``: see ``ReadMany``.
     """
+    many = read_many or (lambda ranges: [read(offset, length) for offset, length in ranges])
     if head is None or len(head) < min(size, 512):
         head = _read_exact(read, 0, min(size, 512), path)
     kind = detect(head)
     if kind == "zip":
-        return _read_zip(read, size, path)
+        return _read_zip(read, many, size, path)
     if kind == "legacy":
-        return _read_legacy(read, size, path, head)
+        return _read_legacy(read, many, size, path, head)
     if kind == "tar":
         raise errors.LegacyTarCheckpoint(
             path, "the tar format of PyTorch 0.x, which stfs does not read: re-save it with a current torch"
@@ -356,22 +368,27 @@ def _read_exact(read: Read, offset: int, size: int, path: str) -> bytes:
     return bytes(data)
 
 
-def _read_ranges(read: Read, ranges: Sequence[tuple[int, int]], path: str) -> list[bytes]:
-    """The bytes of each ``(offset, size)``; ranges closer than ``COALESCE_GAP`` are fetched by one read."""
+def _read_ranges(many: ReadMany, ranges: Sequence[tuple[int, int]], path: str) -> list[bytes]:
+    """The bytes of each ``(offset, size)``, all asked for at once; ranges closer than ``COALESCE_GAP`` are one read."""
     order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    groups: list[tuple[int, int, list[int]]] = []  # start, end, the ranges it holds
+    for i in order:
+        start, end = ranges[i][0], sum(ranges[i])
+        if groups and start <= groups[-1][1] + COALESCE_GAP:
+            first, last, members = groups[-1]
+            groups[-1] = (first, max(last, end), [*members, i])
+        else:
+            groups.append((start, end, [i]))
+    blocks = many([(start, end - start) for start, end, _ in groups]) if groups else []
     out: list[bytes] = [b""] * len(ranges)
-    i = 0
-    while i < len(order):
-        start, end = ranges[order[i]][0], sum(ranges[order[i]])
-        j = i + 1
-        while j < len(order) and ranges[order[j]][0] <= end + COALESCE_GAP:
-            end = max(end, sum(ranges[order[j]]))
-            j += 1
-        block = _read_exact(read, start, end - start, path)
-        for k in order[i:j]:
+    for (start, end, members), block in zip(groups, blocks, strict=True):
+        if len(block) < end - start:
+            raise errors.CheckpointTruncated(
+                path, f"file ends at byte {start + len(block)}, inside bytes {start}+{end - start}"
+            )
+        for k in members:
             offset, size = ranges[k]
-            out[k] = block[offset - start : offset - start + size]
-        i = j
+            out[k] = bytes(block[offset - start : offset - start + size])
     return out
 
 
@@ -1416,7 +1433,13 @@ def _zip_layout(entries: list[_Entry], path: str) -> tuple[str, dict[str, _Entry
 
 
 def _local_headers(
-    read: Read, entries: Sequence[_Entry], want: Sequence[int], bounds: Sequence[int], cd_start: int, path: str
+    read: Read,
+    many: ReadMany,
+    entries: Sequence[_Entry],
+    want: Sequence[int],
+    bounds: Sequence[int],
+    cd_start: int,
+    path: str,
 ) -> list[tuple[int, bytes]]:
     """Each entry's absolute data offset (from its local header) and the first ``want`` bytes of its data.
 
@@ -1432,7 +1455,7 @@ def _local_headers(
             raise errors.InvalidZipArchive(path, f"entry {entry.name!r}: its local header lies past the entries")
         length = fixed + (HEADER_SLACK + wanted if wanted else 0)
         ranges.append((entry.header_offset, max(fixed, min(length, bound - entry.header_offset))))
-    blocks = _read_ranges(read, ranges, path)
+    blocks = _read_ranges(many, ranges, path)
     out = []
     for entry, wanted, block in zip(entries, want, blocks, strict=True):
         signature, _, _, _, method, _, _, _, _, _, name_len, extra_len = _LOCAL.unpack_from(block)
@@ -1468,7 +1491,7 @@ def _stored(entry: _Entry, path: str) -> None:
         )
 
 
-def _read_zip(read: Read, size: int, path: str) -> Checkpoint:
+def _read_zip(read: Read, many: ReadMany, size: int, path: str) -> Checkpoint:
     entries, cd_start = _zip_directory(read, size, path)
     top, inside = _zip_layout(entries, path)
     wanted = [inside["data.pkl"]] + ([inside["byteorder"]] if "byteorder" in inside else [])
@@ -1476,7 +1499,13 @@ def _read_zip(read: Read, size: int, path: str) -> Checkpoint:
         _stored(entry, path)
     # data.pkl and byteorder (written right after it) with their local headers: one read where they fit.
     (pickle_start, first), *order = _local_headers(
-        read, wanted, [min(e.size, WINDOW) for e in wanted], _next_headers(wanted, entries, cd_start), cd_start, path
+        read,
+        many,
+        wanted,
+        [min(e.size, WINDOW) for e in wanted],
+        _next_headers(wanted, entries, cd_start),
+        cd_start,
+        path,
     )
     if order and order[0][1] != b"little":
         raise errors.BigEndianCheckpoint(
@@ -1502,7 +1531,7 @@ def _read_zip(read: Read, size: int, path: str) -> Checkpoint:
         data_entries.append((key, entry))
     storage_entries = [entry for _, entry in data_entries]
     zeros = [0] * len(storage_entries)
-    found = _local_headers(read, storage_entries, zeros, [cd_start] * len(zeros), cd_start, path)
+    found = _local_headers(read, many, storage_entries, zeros, [cd_start] * len(zeros), cd_start, path)
     storages = {
         key: _StorageBytes(start, entry.size) for (key, entry), (start, _) in zip(data_entries, found, strict=True)
     }
@@ -1523,7 +1552,7 @@ def _read_zip(read: Read, size: int, path: str) -> Checkpoint:
 # The legacy layout (torch.save(..., _use_new_zipfile_serialization=False))
 
 
-def _read_legacy(read: Read, size: int, path: str, head: bytes) -> Checkpoint:
+def _read_legacy(read: Read, many: ReadMany, size: int, path: str, head: bytes) -> Checkpoint:
     interpreter = _Interpreter(path)
     stream = _Stream(read, path, 0, size, LEGACY_FIRST_READ, head)
     magic = interpreter.run(stream)
@@ -1566,7 +1595,7 @@ def _read_legacy(read: Read, size: int, path: str, head: bytes) -> Checkpoint:
     for key in interpreter.storages:
         if key not in storages:
             raise errors.InvalidStorage(path, f"storage {key!r} is named by a tensor but not in the list of keys")
-    for (key, at, numel), raw in zip(counts, _read_ranges(read, [(at, 8) for _, at, _ in counts], path), strict=True):
+    for (key, at, numel), raw in zip(counts, _read_ranges(many, [(at, 8) for _, at, _ in counts], path), strict=True):
         (count,) = struct.unpack("<q", raw)
         if count != numel:
             raise errors.InvalidStorage(path, f"storage {key!r}: {count} elements at byte {at}, {numel} in the pickle")
