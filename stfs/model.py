@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from . import errors
-from .formats import FORMATS, Header, format_of
+from .formats import FORMATS, PYTORCH, Header, format_of
 from .formats.safetensors import encodable
 from .progress import Progress
 from .sources import ByteSource, Kind, LocalFiles, base_name, join_key, parent_key, relative_key
@@ -25,7 +25,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 MODEL_SUFFIXES = tuple(suffix for known in FORMATS for suffix in known.suffixes)  # a model each, in a folder
-INDEX_SUFFIX = ".safetensors.index.json"
+INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")  # the same weight_map: safetensors', torch's
+PYTORCH_SUFFIXES = PYTORCH.suffixes  # in a folder, a model only when its first bytes are a checkpoint's
 MAX_INDEX_LENGTH = 100_000_000
 
 
@@ -60,6 +61,7 @@ class ModelSource:
 
     name: str
     path: str
+    header: Header | None = field(default=None, compare=False)  # read already, where discovery had to
 
     @property
     def is_index(self) -> bool:
@@ -183,7 +185,7 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     files: list[str] = []
     for key in source.walk(root):
         name = base_name(key)
-        if name.endswith(INDEX_SUFFIX):
+        if name.endswith(INDEX_SUFFIXES):
             indexes.append(key)
         elif name.endswith(MODEL_SUFFIXES) and source.kind(key) is Kind.FILE:
             split = split_names(name)  # a split of a set stands for the set: its first split's key
@@ -193,12 +195,25 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     for index in indexes:
         weight_map = _read_weight_map(index, _read_index(source, index)[0])
         shard_keys.update(join_key(parent_key(index), shard) for shard in set(weight_map.values()))
-    models = [key for key in sorted(indexes + files) if key not in shard_keys]
+    headers: dict[str, Header] = {}
+    models = []
+    for key in sorted(indexes + files):
+        if key in shard_keys:
+            continue
+        if base_name(key).endswith(PYTORCH_SUFFIXES):
+            header = _checkpoint_header(source, key)
+            if header is None:
+                continue
+            headers[key] = header
+        models.append(key)
     if not models:
-        raise errors.SourceError(f"{root}: no {' or '.join(MODEL_SUFFIXES)} file or {INDEX_SUFFIX} found")
+        files_text, indexes_text = " or ".join(MODEL_SUFFIXES), " or ".join(INDEX_SUFFIXES)
+        raise errors.SourceError(f"{root}: no {files_text} file or {indexes_text} found")
     if len(models) == 1:
-        return [ModelSource(name="", path=models[0])]
-    result = [ModelSource(name=_model_name(relative_key(root, key)), path=key) for key in models]
+        return [ModelSource(name="", path=models[0], header=headers.get(models[0]))]
+    result = [
+        ModelSource(name=_model_name(relative_key(root, key)), path=key, header=headers.get(key)) for key in models
+    ]
     seen: dict[str, str] = {}
     for model in result:
         if model.name in seen:
@@ -207,11 +222,30 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     return result
 
 
+def _checkpoint_header(source: ByteSource, key: str) -> Header | None:
+    """The header of the file ``key`` found in a folder by a PyTorch suffix, or ``None`` where it is not a model:
+    its first bytes are not a checkpoint's (any ``.bin``), or it holds no tensor (``training_args.bin``,
+    ``optimizer.pt`` of a Trainer holds optimizer state as tensors: a model of its own)."""
+    from .formats import pytorch
+
+    try:
+        head = source.read(key, 0, 512)
+    except OSError as exc:
+        raise errors.UnreadableFile(f"{key}: cannot read: {exc.strerror or exc}") from exc
+    if pytorch.detect(head) is None:
+        return None
+    try:
+        header = read_header(key, source)
+    except errors.NotACheckpoint:  # a zip that is not a torch.save archive
+        return None
+    return header if header.tensors else None
+
+
 def _model_name(relative: str) -> str:
     split = split_names(base_name(relative))
     if split is not None:  # x-00001-of-00003.gguf: the set x
         return relative[: len(relative) - len(base_name(relative))] + split[0]
-    for suffix in (INDEX_SUFFIX, *MODEL_SUFFIXES):
+    for suffix in (*INDEX_SUFFIXES, *MODEL_SUFFIXES):
         if relative.endswith(suffix):
             return relative[: -len(suffix)]
     return relative
@@ -224,13 +258,14 @@ def load(model_source: ModelSource, source: ByteSource | None = None, progress: 
         return _load_sharded(source, model_source, progress or Progress())
     if model_source.is_split:
         return _load_split_set(source, model_source, progress or Progress())
-    header = read_header(model_source.path, source)
+    header = model_source.header or read_header(model_source.path, source)
     shard = Shard(name=base_name(model_source.path), header=header)
     return Model(
         name=model_source.name,
         path=model_source.path,
         metadata=header.metadata,
         shards=(shard,),
+        warnings=header.warnings,
     )
 
 
@@ -353,7 +388,7 @@ def _load_sharded(source: ByteSource, model_source: ModelSource, progress: Progr
     if problems:
         raise errors.InvalidModel(problems)
 
-    warnings: list[str] = []
+    warnings: list[str] = [warning for shard in shards for warning in shard.header.warnings]
     owner: dict[str, str] = {}
     total = 0
     for shard in shards:

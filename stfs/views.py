@@ -227,13 +227,16 @@ def merged_header(model: Model) -> bytes:
     if model.metadata:
         document["__metadata__"] = dict(model.metadata)
     for shard in model.shards:
+        # a header made from another format (a checkpoint): the offsets of its equivalent safetensors file
+        made = json.loads(shard.header.json_made) if shard.header.json_made is not None else {}
         for entry in shard.header.tensors:
             if entry.name in document:
                 continue
+            offsets = made[entry.name]["data_offsets"] if entry.name in made else [entry.begin, entry.end]
             document[entry.name] = {
                 "dtype": entry.dtype,
                 "shape": list(entry.shape),
-                "data_offsets": [entry.begin, entry.end],
+                "data_offsets": offsets,
                 "file": shard.name,
             }
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

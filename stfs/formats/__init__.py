@@ -19,6 +19,7 @@ from .base import Header, RangeFetcher, TensorEntry
 __all__ = [
     "FORMATS",
     "GGUF",
+    "PYTORCH",
     "SAFETENSORS",
     "FileFormat",
     "Header",
@@ -45,9 +46,16 @@ def _gguf_header(fetch: RangeFetcher, **where: Any) -> Header:
     return gguf.fetch_header(fetch, **where)
 
 
+def _pytorch_header(fetch: RangeFetcher, **where: Any) -> Header:
+    from . import pytorch  # the pickle reader: imported by mounts that hold a checkpoint only
+
+    return pytorch.fetch_header(fetch, **where)
+
+
 SAFETENSORS = FileFormat("safetensors", (".safetensors",), safetensors.fetch_header)
 GGUF = FileFormat("gguf", (".gguf",), _gguf_header)
-FORMATS: tuple[FileFormat, ...] = (SAFETENSORS, GGUF)
+PYTORCH = FileFormat("pytorch", (".bin", ".pt", ".pth", ".ckpt"), _pytorch_header)
+FORMATS: tuple[FileFormat, ...] = (SAFETENSORS, GGUF, PYTORCH)
 
 
 def format_of(key: str) -> FileFormat:

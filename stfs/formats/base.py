@@ -46,6 +46,7 @@ class Header:
     json_at: tuple[int, int] | None = None
     json_made: bytes | None = None
     parsed: Any = None  # the format's own header, where checks across files need it (a GGUF split set)
+    warnings: tuple[str, ...] = ()  # one line each, for a mount's stderr (a checkpoint's tensors left out)
 
     @property
     def data_size(self) -> int:

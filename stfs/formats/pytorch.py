@@ -38,14 +38,16 @@ Choices where SPEC §12 is silent:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import errors
+from .base import Header, RangeFetcher, TensorEntry
 
 Read = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
 # Several (offset, size) ranges -> their bytes, in order: where reads are costly (a remote source), the caller
@@ -1706,3 +1708,55 @@ def _inner_sizes(shape: Sequence[int]) -> list[int]:
         block //= dim
         out.append(block)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The format seam: a checkpoint as every format's Header
+
+
+@dataclass(frozen=True, slots=True)
+class PytorchEntry(TensorEntry):
+    """A tensor of a checkpoint: ``begin``/``end`` are absolute offsets in the file (its ``Header`` has
+    ``data_start`` 0: a checkpoint's storages are not one data section); its files' xattrs ``user.pytorch.*``.
+
+    ``tensor``: the reader's ``Tensor`` (its storage, strides and offset), where a strided one is gathered from.
+    """
+
+    namespace: ClassVar[str] = "pytorch"
+    tensor: Tensor | None = None
+
+
+def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0) -> Header:
+    """Read and validate the checkpoint ``path`` through ``fetch`` as a ``Header``: its contiguous tensors as
+    absolute byte ranges, ``header.json`` the equivalent safetensors file's JSON, metadata ``{"format": "pt"}``;
+    the ``Checkpoint`` itself as ``parsed`` (its globals, for ``check``)."""
+    checkpoint = read_checkpoint(fetch, file_size, path=path)
+    served = [tensor for tensor in checkpoint.tensors if tensor.contiguous]
+    warnings = list(checkpoint.warnings)
+    warnings += [
+        f"{path}: tensor {tensor.name!r} left out: strided (not one range of its storage)"
+        for tensor in checkpoint.tensors
+        if not tensor.contiguous
+    ]
+    made = header_json(served)
+    return Header(
+        path=path,
+        file_size=file_size,
+        mtime_ns=mtime_ns,
+        tensors=tuple(
+            PytorchEntry(tensor.name, tensor.dtype, tensor.shape, tensor.offset, tensor.offset + tensor.nbytes, tensor)
+            for tensor in served
+        ),
+        metadata={"format": "pt"},
+        digest=hashlib.sha256(made).digest(),
+        data_start=0,
+        json_made=made,
+        parsed=checkpoint,
+        warnings=tuple(warnings),
+    )
+
+
+def header_json(tensors: Sequence[Tensor]) -> bytes:
+    """``header.json`` of a checkpoint: the JSON of ``safetensors_file(tensors)``'s header, less its length and
+    padding."""
+    return safetensors_header(tensors)[8:].rstrip(b" ")

@@ -1,0 +1,198 @@
+"""PyTorch checkpoints mounted (SPEC §12): files written by the real ``torch.save``, read through real mounts, each
+tensor's bytes checked against ``t.contiguous()``; a ``.bin``-only folder, sharded sets, the older layout, a pickle
+whose payload would act if it were loaded, and TorchScript refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import MountFn, run
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def raw(tensor: object) -> bytes:
+    """The bytes of ``tensor``'s values in C order, as safetensors stores them."""
+    flat = tensor.contiguous().reshape(-1)  # type: ignore[attr-defined]
+    return bytes(flat.view(torch.uint8).numpy().tobytes()) if flat.numel() else b""
+
+
+def nested(mnt: str | Path, name: str, folder: str = "tensors") -> str:
+    return os.path.join(mnt, folder, *name.split("."))
+
+
+class Net(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 10, bias=False)
+        self.head.weight = self.embed.weight  # tied: one storage, two names
+        self.register_buffer("steps", torch.arange(5, dtype=torch.int64))
+
+
+def state_dict() -> dict[str, object]:
+    torch.manual_seed(0)
+    found = dict(Net().state_dict())
+    found["half"] = torch.randn(3, 5).to(torch.float16)
+    found["brain"] = torch.randn(4, 2).to(torch.bfloat16)
+    found["scalar"] = torch.tensor(2.5)
+    found["empty"] = torch.zeros(0, 3)
+    found["flags"] = torch.tensor([True, False, True])
+    return found
+
+
+def check_tensors(mnt: str | Path, tensors: dict[str, object], source: Path) -> None:
+    for name, tensor in tensors.items():
+        path = nested(mnt, name)
+        with open(path, "rb") as stream:
+            assert stream.read() == raw(tensor), name
+        assert os.path.getsize(path) == len(raw(tensor))
+        assert os.getxattr(path, "user.pytorch.name") == name.encode()
+        assert json.loads(os.getxattr(path, "user.pytorch.shape")) == list(tensor.shape)  # type: ignore[attr-defined]
+        assert os.getxattr(path, "user.pytorch.file") == str(source).encode()
+        offset = int(os.getxattr(path, "user.pytorch.offset"))
+        if raw(tensor):
+            with open(source, "rb") as stream:
+                stream.seek(offset)
+                assert stream.read(len(raw(tensor))) == raw(tensor), name
+
+
+def test_a_state_dict_mounts_every_tensor_with_its_bytes(mount: MountFn, tmp_path: Path) -> None:
+    tensors = state_dict()
+    path = tmp_path / "model.pt"
+    torch.save(tensors, path)
+    mnt = mount(str(path))
+    check_tensors(mnt, tensors, path)
+    assert os.getxattr(nested(mnt, "half"), "user.pytorch.dtype") == b"F16"
+    assert os.getxattr(nested(mnt, "brain"), "user.pytorch.dtype") == b"BF16"
+    assert os.getxattr(nested(mnt, "flags"), "user.pytorch.dtype") == b"BOOL"
+    assert os.listxattr(nested(mnt, "half")) == [
+        "user.pytorch.name",
+        "user.pytorch.dtype",
+        "user.pytorch.shape",
+        "user.pytorch.file",
+        "user.pytorch.offset",
+    ]
+    # tied weights: two files on one range
+    assert os.getxattr(nested(mnt, "head.weight"), "user.pytorch.offset") == os.getxattr(
+        nested(mnt, "embed.weight"), "user.pytorch.offset"
+    )
+    assert Path(mnt, "metadata", "format").read_text() == "pt\n"
+    assert Path(mnt, "files", "model.pt").read_bytes() == path.read_bytes()
+
+
+def test_header_json_is_the_equivalent_safetensors_header(mount: MountFn, tmp_path: Path) -> None:
+    tensors = state_dict()
+    path = tmp_path / "pytorch_model.bin"
+    torch.save(tensors, path)
+    mnt = mount(str(path))
+    document = json.loads(Path(mnt, "header.json").read_bytes())
+    assert document.pop("__metadata__") == {"format": "pt"}
+    assert list(document) == list(tensors)  # the order the checkpoint names them
+    at = 0
+    for name, tensor in tensors.items():
+        assert document[name]["shape"] == list(tensor.shape)  # type: ignore[attr-defined]
+        assert document[name]["data_offsets"] == [at, at + len(raw(tensor))]
+        at += len(raw(tensor))
+    result = run(["jq", "-r", '.["half"].dtype', str(Path(mnt, "header.json"))])
+    assert result.stdout.strip() == "F16"
+
+
+def test_the_older_layout_mounts_the_same(mount: MountFn, tmp_path: Path) -> None:
+    tensors = state_dict()
+    path = tmp_path / "old.pth"
+    torch.save(tensors, path, _use_new_zipfile_serialization=False)
+    mnt = mount(str(path))
+    check_tensors(mnt, tensors, path)
+
+
+def test_a_bin_only_folder_mounts_its_checkpoint_and_skips_other_bin_files(mount: MountFn, tmp_path: Path) -> None:
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    tensors = state_dict()
+    torch.save(tensors, folder / "pytorch_model.bin")
+    torch.save({"learning_rate": 0.1, "epochs": 3}, folder / "training_args.bin")  # a pickle with no tensor
+    (folder / "tokenizer.bin").write_bytes(os.urandom(4096))  # not a checkpoint at all
+    (folder / "config.json").write_text('{"model_type": "net"}\n')
+    mnt = mount(str(folder))
+    assert sorted(os.listdir(mnt)) == ["files", "header.json", "metadata", "tensors"]
+    check_tensors(mnt, tensors, folder / "pytorch_model.bin")
+    assert sorted(os.listdir(Path(mnt, "files"))) == [
+        "config.json",
+        "pytorch_model.bin",
+        "tokenizer.bin",
+        "training_args.bin",
+    ]
+
+
+def test_a_sharded_set_of_checkpoints_mounts_as_one_model(mount: MountFn, tmp_path: Path) -> None:
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    tensors = state_dict()
+    names = list(tensors)
+    halves = {"pytorch_model-00001-of-00002.bin": names[:5], "pytorch_model-00002-of-00002.bin": names[5:]}
+    weight_map = {}
+    for shard, members in halves.items():
+        torch.save({name: tensors[name].clone() for name in members}, folder / shard)  # type: ignore[attr-defined]
+        weight_map.update(dict.fromkeys(members, shard))
+    index = {"metadata": {"total_size": sum(len(raw(t)) for t in tensors.values())}, "weight_map": weight_map}
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    mnt = mount(str(folder))
+    assert sorted(os.listdir(mnt)) == ["files", "header.json", "index.json", "metadata", "shards", "tensors"]
+    for name, tensor in tensors.items():
+        assert Path(nested(mnt, name)).read_bytes() == raw(tensor), name
+    document = json.loads(Path(mnt, "header.json").read_bytes())
+    assert document["half"]["file"] == weight_map["half"]
+    assert sorted(os.listdir(Path(mnt, "shards"))) == sorted(halves)
+
+
+class Payload:
+    """What a hostile checkpoint carries: loading it without weights_only would create ``target``."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.target, "w"))
+
+
+def test_a_payload_in_the_pickle_never_runs(mount: MountFn, tmp_path: Path) -> None:
+    target = tmp_path / "pwned"
+    path = tmp_path / "hostile.pt"
+    weight = torch.randn(3, 4)
+    torch.save({"weight": weight, "payload": Payload(str(target))}, path)
+    assert not target.exists()
+    mnt = mount(str(path))
+    assert Path(nested(mnt, "weight")).read_bytes() == raw(weight)
+    assert Path(mnt, "header.json").read_bytes()
+    result = run([sys.executable, "-m", "stfs", "info", str(path)])
+    assert result.returncode == 0, result.stderr
+    assert not target.exists()
+
+
+def refusal(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir(exist_ok=True)
+    result = run([sys.executable, "-m", "stfs", "mount", str(source), str(mnt)])
+    assert not os.path.ismount(mnt)  # nothing half-mounted
+    return result
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit is deprecated, and still what wrote them
+def test_torchscript_is_refused_in_one_line(tmp_path: Path, require_fuse: None) -> None:
+    path = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2)), str(path))
+    result = refusal(path, tmp_path)
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert str(path) in line and "TorchScript" in line and "Traceback" not in line
