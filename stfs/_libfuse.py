@@ -39,7 +39,7 @@ import mfusepy  # noqa: E402
 from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
 
 from . import errors, stopping  # noqa: E402
-from .nodes import Decoded, DirNode, FileNode, Node, Range, ShardData, clamp, pieces  # noqa: E402
+from .nodes import Decoded, DirNode, FileNode, Gathered, Node, Range, ShardData, clamp, pieces  # noqa: E402
 from .readahead import Readahead  # noqa: E402
 from .sources import PAGE, ByteSource, SpliceSource  # noqa: E402
 from .stats import Stats, counted, from_environment  # noqa: E402
@@ -205,7 +205,7 @@ class Reader:
                 if moved != length:
                     return None
                 reply.append(length)
-            elif type(segment) is Decoded:
+            elif type(segment) is Decoded or type(segment) is Gathered:
                 queued += length
                 scratch = self.scratch()
                 if queued > limit or lent + length > len(scratch):

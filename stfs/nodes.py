@@ -3,7 +3,8 @@
 A segment is bytes held in memory (``header.json`` of a sharded set, a metadata value, a ``.npy``
 header), a ``Range`` of a source file (a tensor, a shard's ``header.json``, a whole source file),
 a ``Decoded`` range (a tensor's values as float32, for ``f32/`` and ``npy/``), or a ``Summary`` (a file
-made from a whole tensor on its first read, for ``stats/`` and ``png/``). Every file is read by one
+made from a whole tensor on its first read, for ``stats/`` and ``png/``), or a ``Gathered`` tensor (a strided tensor
+of a PyTorch checkpoint, its elements put in C order as read). Every file is read by one
 function, ``read_into``; the FUSE layer splices the ``Range`` pieces of a read (``pieces``) where its
 source can, and puts the others in memory.
 """
@@ -20,6 +21,7 @@ from .formats import TensorEntry
 
 if TYPE_CHECKING:
     from .decode import Codec
+    from .formats.pytorch import Tensor as StridedTensor
     from .summary import Finished, Make
 
 DIR_MODE = stat.S_IFDIR | 0o555
@@ -40,23 +42,72 @@ class Range:
         return f"Range({self.key!r}, {self.offset}, {self.size})"
 
 
+class Gathered:
+    """The ``size`` bytes of a strided tensor ``tensor`` (a ``formats.pytorch.Tensor``: a transpose, a slice with
+    a step) in C order, gathered from its storage in the source file ``key`` as read; ``offset`` is where its
+    first element lies (``user.pytorch.offset``).
+
+    The views made from a tensor's bytes (``Decoded``, ``Summary``) read it through ``reader``: there, the bytes
+    ``offset`` + k of ``key`` stand for byte k of the tensor in C order.
+    """
+
+    __slots__ = ("key", "offset", "size", "tensor")
+
+    def __init__(self, key: str, offset: int, size: int, tensor: StridedTensor) -> None:
+        self.key = key
+        self.offset = offset
+        self.size = size
+        self.tensor = tensor
+
+    def __repr__(self) -> str:
+        return f"Gathered({self.key!r}, {self.offset}, {self.size}, {self.tensor.shape}, {self.tensor.strides})"
+
+    def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
+        """Fill all of ``view`` with the tensor's bytes in C order from ``start`` (within ``size``); ``OSError`` if
+        the source is short."""
+        from .formats.pytorch import gather_into
+
+        span = self.tensor.span
+        span = (span[0], span[0] + span[1])
+
+        def read(offset: int, size: int) -> bytes:
+            buffer = bytearray(size)
+            got = read_source(self.key, offset, memoryview(buffer), span)
+            if got != size:
+                raise OSError(f"{self.key}: short read at byte {offset}")
+            return bytes(buffer)
+
+        gather_into(self.tensor, read, start, view)
+
+    def reader(self, read_source: ReadInto) -> ReadInto:
+        """A ``ReadInto`` of the tensor's bytes in C order, at ``offset`` of ``key`` on (see above)."""
+
+        def read(key: str, offset: int, buffer: memoryview, span: tuple[int, int]) -> int:
+            count = max(0, min(len(buffer), self.offset + self.size - offset))
+            self.read_into(offset - self.offset, buffer[:count], read_source)
+            return count
+
+        return read
+
+
 class Decoded:
     """``size`` bytes of float32 values decoded by ``codec`` (a ``decode.Codec``) from the tensor's bytes in
-    the source file ``key`` from ``offset``.
+    the source file ``key`` from ``offset`` (or, with ``gathered``, from a strided tensor's bytes in C order).
 
     A read decodes only the whole groups of source values that cover it (an F4 byte holds two, three F6
     bytes four), ``CHUNK`` bytes of output at a time.
     """
 
-    __slots__ = ("key", "offset", "size", "codec")
+    __slots__ = ("key", "offset", "size", "codec", "gathered")
 
     CHUNK = 1 << 20  # bytes of output decoded at once (a FUSE request at most): what a read holds in memory
 
-    def __init__(self, key: str, offset: int, size: int, codec: Codec) -> None:
+    def __init__(self, key: str, offset: int, size: int, codec: Codec, gathered: Gathered | None = None) -> None:
         self.key = key
         self.offset = offset
         self.size = size
         self.codec = codec
+        self.gathered = gathered
 
     def __repr__(self) -> str:
         return f"Decoded({self.key!r}, {self.offset}, {self.size}, {self.codec.dtype})"
@@ -64,6 +115,8 @@ class Decoded:
     def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
         """Fill all of ``view`` with the decoded bytes from ``start`` (within ``size``); ``OSError`` if the
         source is short."""
+        if self.gathered is not None:
+            read_source = self.gathered.reader(read_source)
         codec = self.codec
         group_bytes, group_out = codec.group_bytes, codec.group_out
         chunk_groups = max(1, self.CHUNK // group_out)
@@ -106,15 +159,25 @@ class Summary:
     ``finished`` (a ``summary.Finished``) makes each once, one at a time, and keeps the finished bytes.
     """
 
-    __slots__ = ("key", "offset", "size", "tensor", "make", "finished")
+    __slots__ = ("key", "offset", "size", "tensor", "make", "finished", "gathered")
 
-    def __init__(self, key: str, offset: int, size: int, tensor: TensorEntry, make: Make, finished: Finished) -> None:
+    def __init__(
+        self,
+        key: str,
+        offset: int,
+        size: int,
+        tensor: TensorEntry,
+        make: Make,
+        finished: Finished,
+        gathered: Gathered | None = None,
+    ) -> None:
         self.key = key
         self.offset = offset
         self.size = size
         self.tensor = tensor
         self.make = make
         self.finished = finished
+        self.gathered = gathered  # a strided tensor: its bytes in C order, read through its reader
 
     def __repr__(self) -> str:
         return f"Summary({self.key!r}, {self.offset}, {self.size}, {self.make.__name__})"
@@ -122,10 +185,12 @@ class Summary:
     def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
         """Fill all of ``view`` with the file's bytes from ``start`` (within ``size``), making the file first if
         need be; raises what making it raised (``OSError`` of the source, ...)."""
+        if self.gathered is not None:
+            read_source = self.gathered.reader(read_source)
         view[:] = self.finished.bytes_of(self, self.make, read_source)[start : start + len(view)]
 
 
-Segment = bytes | Range | Decoded | Summary
+Segment = bytes | Range | Decoded | Summary | Gathered
 Segments = tuple[Segment, ...]
 ReadInto = Callable[[str, int, memoryview, tuple[int, int]], int]  # a ByteSource's read_into(key, offset, buffer, span)
 
@@ -259,7 +324,7 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
             got = read_source(segment.key, segment.offset + start, view[done : done + length], span)
             if got != length:
                 raise OSError(f"{segment.key}: short read at byte {segment.offset + start}")
-        elif type(segment) is Decoded or type(segment) is Summary:
+        elif type(segment) is Decoded or type(segment) is Summary or type(segment) is Gathered:
             segment.read_into(start, view[done : done + length], read_source)
         else:
             view[done : done + length] = segment[start : start + length]  # type: ignore[index]
@@ -274,7 +339,7 @@ def tensor_xattrs(node: FileNode) -> dict[str, bytes]:
     source = next((segment for segment in node.segments if type(segment) is not bytes), None)
     if tensor is None or source is None:
         return {}
-    assert isinstance(source, (Range, Decoded, Summary))  # a view's file names the source bytes it is made of
+    assert isinstance(source, (Range, Decoded, Summary, Gathered))  # a view's file names the source bytes it is made of
     prefix = f"user.{tensor.namespace}."
     xattrs = {
         prefix + "name": tensor.name.encode("utf-8", "surrogatepass"),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from .errors import TreeError
 from .formats import Header, TensorEntry
 from .model import Model, SourceFile
-from .nodes import Decoded, FileNode, Range, Segment, ShardData, Summary
+from .nodes import Decoded, FileNode, Gathered, Range, Segment, ShardData, Summary
 from .readahead import jump_window_kb
 from .tree import Tree, escape_component
 
@@ -95,6 +95,12 @@ def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
         header = shard.header
         data, mtime = ShardData(header.path, header.data_start), header.mtime_ns
         inodes = tree.take_inodes(len(header.tensors))
+        if header.tensors and header.tensors[0].namespace == "pytorch":  # a checkpoint may hold strided tensors
+            for inode, entry in zip(inodes, header.tensors, strict=True):
+                source = _source(header.path, 0, entry)
+                stored = data if type(source) is Range else (source,)
+                files.append(FileNode(inode, mtime, stored, entry, None, entry.end - entry.begin))
+            continue
         # the hot loop of a mount (one node per tensor): no calls it can avoid
         files += [
             FileNode(inode, mtime, data, entry, None, entry.end - entry.begin)
@@ -109,7 +115,7 @@ def npy_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
 
     def files() -> Iterator[FileNode]:
         for key, start, mtime, entry in _tensors(model):
-            source = Range(key, start + entry.begin, entry.size)
+            source = _source(key, start, entry)
             decoding = codec(entry.dtype)
             if entry.dtype in NATIVE:
                 data: Segment = source
@@ -130,7 +136,7 @@ def f32_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
 
     def files() -> Iterator[FileNode]:
         for key, start, mtime, entry in _tensors(model):
-            source = Range(key, start + entry.begin, entry.size)
+            source = _source(key, start, entry)
             if entry.dtype == "F32":
                 yield tree.new_file(mtime, (source,), entry, "f32")
             elif (decoding := codec(entry.dtype)) is not None:
@@ -149,7 +155,9 @@ def stats_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
     def files() -> Iterator[FileNode]:
         for key, start, mtime, entry in _tensors(model):
             if has_values(entry.dtype):
-                summary = Summary(key, start + entry.begin, stats_size(entry), entry, stats_file, FINISHED)
+                source = _source(key, start, entry)
+                gathered = source if type(source) is Gathered else None
+                summary = Summary(key, source.offset, stats_size(entry), entry, stats_file, FINISHED, gathered)
                 yield tree.new_file(mtime, (summary,), entry, "stats")
 
     tree.add_named_files(tree.folder([*base, "stats"], model.mtime_ns), layout, files(), suffix=".json")
@@ -164,7 +172,9 @@ def png_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
     def files() -> Iterator[FileNode]:
         for key, start, mtime, entry in _tensors(model):
             if has_heatmap(entry):
-                summary = Summary(key, start + entry.begin, png_size(entry.shape), entry, heatmap_file, FINISHED)
+                source = _source(key, start, entry)
+                gathered = source if type(source) is Gathered else None
+                summary = Summary(key, source.offset, png_size(entry.shape), entry, heatmap_file, FINISHED, gathered)
                 yield tree.new_file(mtime, (summary,), entry, "png")
 
     tree.add_named_files(tree.folder([*base, "png"], model.mtime_ns), layout, files(), suffix=".png")
@@ -178,8 +188,17 @@ def _tensors(model: Model) -> Iterator[tuple[str, int, int, TensorEntry]]:
             yield header.path, header.data_start, header.mtime_ns, entry
 
 
-def _decoded(source: Range, codec: Codec, entry: TensorEntry) -> Decoded:
-    return Decoded(source.key, source.offset, 4 * entry.parameters, codec)
+def _source(key: str, start: int, entry: TensorEntry) -> Range | Gathered:
+    """A tensor's bytes: a ``Range`` of its file, or a strided tensor of a checkpoint gathered in C order."""
+    strided = getattr(entry, "tensor", None)  # a PytorchEntry's reader Tensor
+    if strided is not None and not strided.contiguous:
+        return Gathered(key, strided.offset, entry.size, strided)
+    return Range(key, start + entry.begin, entry.size)
+
+
+def _decoded(source: Range | Gathered, codec: Codec, entry: TensorEntry) -> Decoded:
+    gathered = source if type(source) is Gathered else None
+    return Decoded(source.key, source.offset, 4 * entry.parameters, codec, gathered)
 
 
 def _header_json(header: Header) -> Segment:

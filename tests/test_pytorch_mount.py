@@ -196,3 +196,49 @@ def test_torchscript_is_refused_in_one_line(tmp_path: Path, require_fuse: None) 
     assert result.returncode == 1, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert str(path) in line and "TorchScript" in line and "Traceback" not in line
+
+
+def strided() -> dict[str, object]:
+    torch.manual_seed(1)
+    base = torch.randn(64, 48)
+    return {
+        "transposed": torch.randn(96, 80).t(),  # a transposed weight: every C-order row a column of the storage
+        "sliced": base[3:60:5, 7::3],  # a slice with steps, at an offset into its storage
+        "column": base[:, 5],  # one column: a stride of 48
+        "expanded": torch.randn(6, 1).expand(6, 10),  # a stride of 0
+        "permuted": torch.randn(5, 6, 7).to(torch.bfloat16).permute(2, 0, 1),
+        "contiguous": base,  # shares the storage with the slices
+    }
+
+
+def test_strided_tensors_are_served_in_c_order(mount: MountFn, tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    tensors = strided()
+    path = tmp_path / "views.pt"
+    torch.save(tensors, path)
+    mnt = mount(str(path), options=["view=npy,view=f32"])
+    chooser = random.Random(7)
+    for name, tensor in tensors.items():
+        expected = raw(tensor)
+        file = nested(mnt, name)
+        assert os.path.getsize(file) == len(expected), name
+        assert Path(file).read_bytes() == expected, name
+        descriptor = os.open(file, os.O_RDONLY)
+        try:
+            for _ in range(40):
+                offset = chooser.randrange(len(expected) + 8)
+                size = chooser.randrange(1, len(expected) + 16)
+                assert os.pread(descriptor, size, offset) == expected[offset : offset + size], (name, offset, size)
+        finally:
+            os.close(descriptor)
+        values = tensor.contiguous().float().numpy()  # type: ignore[attr-defined]
+        assert np.array_equal(np.fromfile(nested(mnt, name, "f32"), dtype="<f4").reshape(values.shape), values)
+        if name != "permuted":  # BF16's .npy is float32 too: checked through f32/
+            assert np.array_equal(np.load(nested(mnt, name, "npy") + ".npy"), values), name
+    assert (
+        int(os.getxattr(nested(mnt, "sliced"), "user.pytorch.offset"))
+        == int(os.getxattr(nested(mnt, "contiguous"), "user.pytorch.offset")) + (3 * 48 + 7) * 4
+    )

@@ -1727,17 +1727,12 @@ class PytorchEntry(TensorEntry):
 
 
 def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0) -> Header:
-    """Read and validate the checkpoint ``path`` through ``fetch`` as a ``Header``: its contiguous tensors as
-    absolute byte ranges, ``header.json`` the equivalent safetensors file's JSON, metadata ``{"format": "pt"}``;
+    """Read and validate the checkpoint ``path`` through ``fetch`` as a ``Header``: its tensors (``begin``/``end``
+    absolute: a contiguous one's bytes; a strided one's ``end - begin`` its size in C order, gathered by its
+    ``tensor``), ``header.json`` the equivalent safetensors file's JSON, metadata ``{"format": "pt"}``;
     the ``Checkpoint`` itself as ``parsed`` (its globals, for ``check``)."""
     checkpoint = read_checkpoint(fetch, file_size, path=path)
-    served = [tensor for tensor in checkpoint.tensors if tensor.contiguous]
-    warnings = list(checkpoint.warnings)
-    warnings += [
-        f"{path}: tensor {tensor.name!r} left out: strided (not one range of its storage)"
-        for tensor in checkpoint.tensors
-        if not tensor.contiguous
-    ]
+    served = checkpoint.tensors
     made = header_json(served)
     return Header(
         path=path,
@@ -1752,7 +1747,7 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         data_start=0,
         json_made=made,
         parsed=checkpoint,
-        warnings=tuple(warnings),
+        warnings=checkpoint.warnings,
     )
 
 
@@ -1760,3 +1755,52 @@ def header_json(tensors: Sequence[Tensor]) -> bytes:
     """``header.json`` of a checkpoint: the JSON of ``safetensors_file(tensors)``'s header, less its length and
     padding."""
     return safetensors_header(tensors)[8:].rstrip(b" ")
+
+
+GATHER_WINDOW = 8 << 20  # the most bytes of a storage one read of a strided tensor asks for
+GATHER_GAP = 64 << 10  # elements further apart than this are read apart (a gap costs more than another read)
+GATHER_ELEMENTS = 1 << 18  # elements of a strided tensor gathered at once: their positions are 2 MiB of int64
+
+
+def gather_into(tensor: Tensor, read: Read, begin: int, view: memoryview) -> None:
+    """Fill ``view`` with the bytes from ``begin`` of the tensor's elements in C order (within ``nbytes``).
+
+    Bounded whatever the tensor's size: ``GATHER_ELEMENTS`` elements at a time, whose positions in the storage are
+    sorted and read in windows of at most ``GATHER_WINDOW`` bytes, split where they lie ``GATHER_GAP`` apart (a
+    slice with a large step, or the rows of a transpose, read as the parts that hold them).
+    """
+    import numpy as np
+
+    size = tensor.itemsize
+    item = np.dtype(f"V{size}")
+    end = begin + len(view)
+    done = 0
+    while begin + done < end:
+        first = (begin + done) // size
+        last = min((end - 1) // size, first + GATHER_ELEMENTS - 1)
+        index = np.arange(first, last + 1, dtype=np.int64)
+        positions = np.full(index.shape, tensor.storage_offset, dtype=np.int64)
+        for dim, stride in zip(reversed(tensor.shape), reversed(tensor.strides), strict=True):
+            positions += (index % dim) * stride
+            index //= dim
+        order = np.argsort(positions, kind="stable")
+        ordered = positions[order]
+        gaps = np.flatnonzero(np.diff(ordered) * size > GATHER_GAP)
+        out = np.empty(len(ordered), dtype=item)
+        start = 0
+        while start < len(ordered):
+            stop = int(np.searchsorted(ordered, ordered[start] + GATHER_WINDOW // size, side="left"))
+            cut = int(np.searchsorted(gaps, start, side="left"))
+            if cut < len(gaps) and gaps[cut] + 1 < stop:
+                stop = int(gaps[cut]) + 1
+            low = int(ordered[start])
+            raw = _read_exact(
+                read, tensor.storage_start + low * size, (int(ordered[stop - 1]) - low + 1) * size, "<gather>"
+            )
+            out[order[start:stop]] = np.frombuffer(raw, dtype=item)[ordered[start:stop] - low]
+            start = stop
+        chunk = memoryview(out.view(np.uint8).data)
+        skip = begin + done - first * size
+        length = min(end - begin - done, len(chunk) - skip)
+        view[done : done + length] = chunk[skip : skip + length]
+        done += length
