@@ -322,6 +322,11 @@ def cmd_check(args: argparse.Namespace) -> int:
                 continue
             for warning in model.warnings:
                 print(f"warning: {warning}")
+            unsafe = sum(len(getattr(shard.header.parsed, "unsafe_globals", ())) for shard in model.shards)
+            if unsafe:  # a pickle that torch.load would run code of unless weights_only: named above, and a failure
+                print(f"{model.path}: {unsafe} globals that torch.load(weights_only=True) refuses")
+                problems += unsafe
+                continue
             print(f"{model.path}: ok ({sum(len(shard.header.tensors) for shard in model.shards)} tensors)")
     return EXIT_OK if problems == 0 else EXIT_INVALID
 

@@ -242,3 +242,26 @@ def test_strided_tensors_are_served_in_c_order(mount: MountFn, tmp_path: Path) -
         int(os.getxattr(nested(mnt, "sliced"), "user.pytorch.offset"))
         == int(os.getxattr(nested(mnt, "contiguous"), "user.pytorch.offset")) + (3 * 48 + 7) * 4
     )
+
+
+def test_unsafe_globals_are_warned_at_mount_and_fail_check(tmp_path: Path, require_fuse: None) -> None:
+    target = tmp_path / "pwned"
+    path = tmp_path / "hostile.pt"
+    torch.save({"weight": torch.randn(2, 3), "payload": Payload(str(target))}, path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run([sys.executable, "-m", "stfs", "mount", str(path), str(mnt)])
+    try:
+        assert result.returncode == 0, result.stderr
+        [line] = [line for line in result.stderr.splitlines() if "'io.open'" in line]
+        assert line.startswith("stfs: warning: ") and str(path) in line and "weights_only" in line
+    finally:
+        run([sys.executable, "-m", "stfs", "unmount", str(mnt)])
+    result = run([sys.executable, "-m", "stfs", "check", str(path)])
+    assert result.returncode == 1, result.stdout
+    assert "'io.open'" in result.stdout and "would import and call it" in result.stdout
+    assert not target.exists()
+    clean = tmp_path / "clean.pt"
+    torch.save({"weight": torch.randn(2, 3)}, clean)
+    result = run([sys.executable, "-m", "stfs", "check", str(clean)])
+    assert result.returncode == 0 and result.stdout == f"{clean}: ok (1 tensors)\n"

@@ -1747,7 +1747,15 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         data_start=0,
         json_made=made,
         parsed=checkpoint,
-        warnings=checkpoint.warnings,
+        warnings=checkpoint.warnings + unsafe_warnings(checkpoint),
+    )
+
+
+def unsafe_warnings(checkpoint: Checkpoint) -> tuple[str, ...]:
+    """One line per global the checkpoint names that ``torch.load(weights_only=True)`` refuses (SPEC §12)."""
+    return tuple(
+        f"{checkpoint.path}: names the global {name!r}: loading it without weights_only=True would import and call it"
+        for name in checkpoint.unsafe_globals
     )
 
 
