@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=VIEWS,
         default=[],
         help="add npy/ (each tensor a .npy file), f32/ (float tensors as float32), stats/ (each tensor's "
-        "statistics as JSON) or png/ (a heatmap of each tensor); may be repeated",
+        "statistics as JSON), png/ (a heatmap of each tensor) or safetensors/ (at the root: the source with each "
+        "PyTorch checkpoint as a safetensors file); may be repeated",
     )
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
     mount.add_argument(

@@ -79,7 +79,7 @@ class Setting:
     repeat: bool = False  # may be given again, each value added to a list (`view=npy,view=f32`)
 
 
-VIEWS = ("npy", "f32", "stats", "png")  # --view NAME: what each adds is views.CHOSEN[NAME]
+VIEWS = ("npy", "f32", "stats", "png", "safetensors")  # --view NAME: what each adds is views.CHOSEN[NAME]
 
 # One line per setting; `-o NAME=VALUE` then sets what `--NAME VALUE` sets.
 SETTINGS: dict[str, Setting] = {

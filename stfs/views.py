@@ -48,6 +48,8 @@ def build_tree(
     tree = Tree(mtime_ns=mtime)
     if files is not None:
         source_files(tree, files, mtime, models if jump_windows else ())
+        if views is not None and safetensors_view in views:
+            safetensors_files(tree, files, mtime, models)
     for model in models:
         base = model.name.split("/") if model.name else []
         tree.folder(base, model.mtime_ns)
@@ -209,8 +211,75 @@ def _header_json(header: Header) -> Segment:
     return header.json_made
 
 
+def safetensors_view(tree: Tree, model: Model, base: list[str], layout: str) -> None:
+    """``--view safetensors`` adds nothing below a model: ``safetensors/`` is at the mount's root
+    (``safetensors_files``)."""
+
+
 VIEWS: tuple[View, ...] = (header_files, tensor_files, shard_files)
-CHOSEN: dict[str, View] = {"npy": npy_files, "f32": f32_files, "stats": stats_files, "png": png_files}  # --view
+CHOSEN: dict[str, View] = {  # --view
+    "npy": npy_files,
+    "f32": f32_files,
+    "stats": stats_files,
+    "png": png_files,
+    "safetensors": safetensors_view,
+}
+PYTORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def safetensors_name(path: str) -> str:
+    """The name in ``safetensors/`` of a checkpoint's file or a checkpoints' index (SPEC §12)."""
+    folder, _, name = path.rpartition("/")
+    if name == "pytorch_model.bin.index.json":
+        name = "model.safetensors.index.json"
+    elif name.startswith("pytorch_model") and name.endswith(".bin"):
+        name = "model" + name[len("pytorch_model") : -len(".bin")] + ".safetensors"
+    else:
+        name = name[: name.rindex(".")] + ".safetensors"
+    return f"{folder}/{name}" if folder else name
+
+
+def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models: Iterable[Model]) -> None:
+    """``safetensors/``: ``files/`` with each PyTorch checkpoint a safetensors file of its tensors (the header made
+    from its pickle, then each tensor's bytes: ranges of the checkpoint, or gathered), and a checkpoints' index
+    naming those files; a name that ``files/`` already holds keeps that file."""
+    from .formats import pytorch
+
+    headers = {shard.header.path: shard.header for model in models for shard in model.shards}
+    indexes = {model.index_path: model for model in models if model.index_path is not None}
+    held = {file.path for file in files}
+    tree.folder(["safetensors"], mtime_ns)
+    for file in files:
+        header = headers.get(file.key)
+        model = indexes.get(file.key)
+        converted = header is not None and isinstance(header.parsed, pytorch.Checkpoint)
+        if model is not None:
+            converted = all(isinstance(shard.header.parsed, pytorch.Checkpoint) for shard in model.shards)
+        name = safetensors_name(file.path) if converted else file.path
+        if converted and name in held:
+            converted, name = False, file.path
+        segments: tuple[Segment, ...]
+        if converted and header is not None:
+            made = pytorch.safetensors_file(header.parsed.tensors)
+            parts: list[Segment] = [made.header]
+            for entry in header.tensors:
+                if entry.size:
+                    parts.append(_source(file.key, 0, entry))
+            segments = tuple(parts)
+        elif converted and model is not None:
+            segments = (_safetensors_index(model),)
+        else:
+            segments = (Range(file.key, 0, file.size),)
+        components = ["safetensors", *(escape_component(part) for part in name.split("/"))]
+        tree.add_file(components, file.mtime_ns, segments)
+
+
+def _safetensors_index(model: Model) -> bytes:
+    """``model.safetensors.index.json`` of a set of checkpoints: its weight_map naming the safetensors files."""
+    assert model.index_bytes is not None
+    document = json.loads(model.index_bytes)
+    document["weight_map"] = {name: safetensors_name(shard) for name, shard in document["weight_map"].items()}
+    return (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 
 def with_chosen(names: Iterable[str]) -> tuple[View, ...]:

@@ -265,3 +265,39 @@ def test_unsafe_globals_are_warned_at_mount_and_fail_check(tmp_path: Path, requi
     torch.save({"weight": torch.randn(2, 3)}, clean)
     result = run([sys.executable, "-m", "stfs", "check", str(clean)])
     assert result.returncode == 0 and result.stdout == f"{clean}: ok (1 tensors)\n"
+
+
+def test_view_safetensors_is_the_repository_as_safetensors(mount: MountFn, tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    tensors = {**state_dict(), **strided()}
+    torch.save(tensors, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text('{"model_type": "net"}\n')
+    sharded = folder / "big"
+    sharded.mkdir()
+    names = list(tensors)
+    halves = {"pytorch_model-00001-of-00002.bin": names[:6], "pytorch_model-00002-of-00002.bin": names[6:]}
+    weight_map = {}
+    for shard, members in halves.items():
+        torch.save({name: tensors[name].clone() for name in members}, sharded / shard)  # type: ignore[attr-defined]
+        weight_map.update(dict.fromkeys(members, shard))
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    mnt = mount(str(folder), options=["view=safetensors"])
+    assert sorted(os.listdir(Path(mnt, "safetensors"))) == ["big", "config.json", "model.safetensors"]
+    assert sorted(os.listdir(Path(mnt, "safetensors", "big"))) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
+    with safe_open(str(Path(mnt, "safetensors", "model.safetensors")), framework="pt") as opened:
+        assert opened.metadata() == {"format": "pt"}
+        assert list(opened.keys()) == sorted(tensors)
+        for name, tensor in tensors.items():
+            assert torch.equal(opened.get_tensor(name), tensor.contiguous()), name  # type: ignore[attr-defined]
+    index = json.loads(Path(mnt, "safetensors", "big", "model.safetensors.index.json").read_text())
+    for name, tensor in tensors.items():
+        shard = index["weight_map"][name]
+        with safe_open(str(Path(mnt, "safetensors", "big", shard)), framework="pt") as opened:
+            assert torch.equal(opened.get_tensor(name), tensor.contiguous()), name  # type: ignore[attr-defined]
