@@ -1,0 +1,96 @@
+"""Remote PyTorch checkpoints (SPEC §12): the zip's central directory and the pickle (the older layout: the pickles
+at the start) read by Range, never the data; a ``.bin``-only repository on the tests' Hub mounted and served as
+safetensors. nginx's access log tells what went over the wire."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import MountFn, run
+from tests.servers import FakeHub, Nginx
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.timeout(180)
+
+MIB = 1 << 20
+
+
+def checkpoint(path: Path, megabytes: int, legacy: bool = False) -> dict[str, object]:
+    """A state_dict of ``megabytes`` MiB of float32 weights in 48 tensors, saved by torch at ``path``."""
+    torch.manual_seed(1)
+    per = megabytes * MIB // 4 // 48
+    tensors: dict[str, object] = {f"model.layers.{i}.weight": torch.randn(per // 256, 256) for i in range(48)}
+    tensors["model.norm.weight"] = torch.ones(256)
+    torch.save(tensors, path, _use_new_zipfile_serialization=not legacy)
+    return tensors
+
+
+def data_ranges(path: Path, tensors: dict[str, object]) -> list[tuple[int, int]]:
+    """Where each tensor's bytes lie in the file (found by searching for them: torch does not say)."""
+    data = path.read_bytes()
+    found = []
+    for name, tensor in tensors.items():
+        raw = tensor.numpy().tobytes()  # type: ignore[attr-defined]
+        at = data.find(raw[:4096])
+        assert at >= 0, name
+        found.append((at, at + len(raw)))
+    return found
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_info_of_a_64_mib_checkpoint_reads_under_1_mib_and_no_tensor_data(
+    nginx: Nginx, tmp_path: Path, legacy: bool
+) -> None:
+    local = tmp_path / "pytorch_model.bin"
+    tensors = checkpoint(local, 64, legacy)
+    assert local.stat().st_size > 63 * MIB
+    url = nginx.put("pytorch_model.bin", local.read_bytes())
+    nginx.log.clear()
+
+    result = run([sys.executable, "-m", "stfs", "info", url, "--json"])
+
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert len(document["models"][0]["tensors"]) == len(tensors)
+    transfer = nginx.log.transfer()
+    assert transfer.bytes <= MIB, transfer
+    assert document["transfer"]["bytes"] == transfer.bytes
+    stored = data_ranges(local, tensors)
+    for entry in nginx.log.entries():  # the first read (100,000 bytes from 0, before the format is known) aside,
+        lo = int(entry.range.removeprefix("bytes=").partition("-")[0])  # no request asks for a tensor's bytes
+        assert not any(begin <= lo < end for begin, end in stored), (entry.range, stored)
+
+
+def test_a_bin_only_hub_repository_mounts_and_serves_safetensors(hub: FakeHub, mount: MountFn, tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    local = tmp_path / "pytorch_model.bin"
+    tensors = checkpoint(local, 8)
+    files = {
+        "pytorch_model.bin": local.read_bytes(),
+        "config.json": b'{"model_type": "opt"}\n',
+        "README.md": b"# a model from before safetensors\n",
+    }
+    hub.publish_repo("org", "old-model", files)
+
+    info = run([sys.executable, "-m", "stfs", "info", "hf://org/old-model", "--json"])
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["transfer"]["bytes"] <= MIB  # the pickle and directory, not 8 MiB of weights
+    assert hub.cdn_log.transfer().bytes <= MIB
+
+    mnt = mount("hf://org/old-model", options=["view=safetensors"])
+    assert {"files", "header.json", "safetensors", "tensors"} <= set(os.listdir(mnt))
+    assert sorted(os.listdir(Path(mnt, "safetensors"))) == ["README.md", "config.json", "model.safetensors"]
+    name = "model.layers.47.weight"
+    assert Path(mnt, "tensors", *name.split(".")).read_bytes() == tensors[name].numpy().tobytes()  # type: ignore[attr-defined]
+    with safe_open(str(Path(mnt, "safetensors", "model.safetensors")), framework="pt") as opened:
+        assert opened.metadata() == {"format": "pt"}
+        assert sorted(opened.keys()) == sorted(tensors)
+        for key, tensor in tensors.items():
+            assert torch.equal(opened.get_tensor(key), tensor), key
