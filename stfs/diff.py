@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from .decode import to_float64
 from .format import DTYPE_BITS
 from .info import printable
 from .model import Tensor, resolve
@@ -38,6 +37,7 @@ from .values import (
     byte_count,
     compare_values,
     count_unequal_elements,
+    decode,
     same_bytes,
     values_known,
     values_per_chunk,
@@ -229,8 +229,8 @@ class _Comparison:
                     self._norm(dtype, piece_a, tally)
                     continue
                 first = number * chunk_values + start // piece * PIECE_VALUES
-                values_a = to_float64(dtype, piece_a.data, self.out[0])
-                values_b = to_float64(dtype, piece_b.data, self.out[1])
+                values_a = decode(dtype, piece_a, self.out[0])
+                values_b = decode(dtype, piece_b, self.out[1])
                 compare_values(values_a, values_b, first, self.atol, self.rtol, tally)
         if not differs:
             return None
@@ -241,7 +241,7 @@ class _Comparison:
     def _norm(self, dtype: str, raw: np.ndarray, tally: Tally) -> None:
         piece = byte_count(dtype, PIECE_VALUES)
         for start in range(0, len(raw), piece):
-            add_norm(to_float64(dtype, raw[start : start + piece].data, self.out[0]), tally)
+            add_norm(decode(dtype, raw[start : start + piece], self.out[0]), tally)
 
     def _norm_again(self, a: Tensor, b: Tensor, size: int, tally: Tally) -> None:
         """Add ‖a‖² of the first ``size`` bytes (equal on both sides), read again from a local side if there is
@@ -263,8 +263,8 @@ class _Comparison:
                 end = min(count, start + PIECE_VALUES)
                 piece_a = raw_a[byte_count(a.dtype, start) : byte_count(a.dtype, end)]
                 piece_b = raw_b[byte_count(b.dtype, start) : byte_count(b.dtype, end)]
-                values_a = to_float64(a.dtype, piece_a.data, self.out[0])
-                values_b = to_float64(b.dtype, piece_b.data, self.out[1])
+                values_a = decode(a.dtype, piece_a, self.out[0])
+                values_b = decode(b.dtype, piece_b, self.out[1])
                 compare_values(values_a, values_b, number * chunk_values + start, self.atol, self.rtol, tally)
         return tally
 
