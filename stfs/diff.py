@@ -5,8 +5,8 @@ by ``model``; a folder of several models names each tensor ``MODEL/NAME`` (MODEL
 Tensors in both with the same dtype and shape are read once each, chunk by chunk (``scan.Reader``), in the order A
 stores them, and compared by bytes first: equal chunks are equal values, and only the pieces whose bytes differ
 are decoded (``values``). ‖a‖₂ needs the values of every piece once a tensor differs: those of the equal bytes
-before its first difference are read again, from a local side where there is one (its page cache), for that
-tensor only.
+before its first difference are read again from a local side (its page cache), for that tensor only; with two
+remote sides, the norm of every equal chunk is taken as it comes instead (decoding is faster than the network).
 
 Where one side is a Hub repository, the Hub's listing gives each LFS file's sha256: the other side's file at the
 same path with the same sha256 (a local file hashed by reading it) holds the same tensors, and none of its bytes
@@ -187,6 +187,8 @@ class _Comparison:
         self.atol, self.rtol = atol, rtol
         self.out = (np.empty(PIECE_VALUES, dtype=np.float64), np.empty(PIECE_VALUES, dtype=np.float64))
         self._rereader: Reader | None = None
+        # Without a local side, ‖a‖ of equal chunks is taken as they come: reading them again would fetch them again.
+        self.norm_all = a.source.remote and b.source.remote
 
     def compare(self, name: str, a: Tensor, b: Tensor) -> Result:
         if not _read(a, b):
@@ -217,7 +219,7 @@ class _Comparison:
         equal_before = 0  # bytes before the first difference: ‖a‖ of them is taken at the end, if there is one
         for number, (raw_a, raw_b) in enumerate(self._chunks(a, b, step, step)):
             if same_bytes(raw_a, raw_b):
-                if differs:
+                if differs or self.norm_all:
                     self._norm(dtype, raw_a, tally)
                 else:
                     equal_before += len(raw_a)
@@ -234,7 +236,7 @@ class _Comparison:
                 compare_values(values_a, values_b, first, self.atol, self.rtol, tally)
         if not differs:
             return None
-        if equal_before:
+        if equal_before and not self.norm_all:
             self._norm_again(a, b, equal_before, tally)
         return tally
 
@@ -244,9 +246,9 @@ class _Comparison:
             add_norm(decode(dtype, raw[start : start + piece], self.out[0]), tally)
 
     def _norm_again(self, a: Tensor, b: Tensor, size: int, tally: Tally) -> None:
-        """Add ‖a‖² of the first ``size`` bytes (equal on both sides), read again from a local side if there is
-        one: the price of not decoding every equal chunk of every tensor in case a later one differs."""
-        side, tensor = (1, b) if self.sides[0].source.remote and not self.sides[1].source.remote else (0, a)
+        """Add ‖a‖² of the first ``size`` bytes (equal on both sides), read again from a local side: the price of
+        not decoding every equal chunk of every tensor in case a later one differs."""
+        side, tensor = (1, b) if self.sides[0].source.remote else (0, a)
         if self._rereader is None or self._rereader.source is not self.sides[side].source:
             self._rereader = Reader(self.sides[side].source)
         for raw in self._rereader.chunks(tensor.file, tensor.offset, size):
