@@ -9,9 +9,9 @@ Raw bits first, values only where they are needed:
   above those of the infinity (or of the NaN, for the F8 kinds without an infinity). One ``bitwise_and`` and
   one ``max`` per chunk tell whether it holds any; only a chunk that does is decoded to count them.
 
-Values are float64 as ``decode.to_float64`` gives them (ml_dtypes, a second to import, only once a BF16, F8, F6
-or F4 chunk is decoded) (BF16, F8, F6, F4 decoded as the views decode them,
-integers and BOOL as their values). C64 has none: it is compared by bytes only.
+Values are float64 as ``decode.to_float64`` gives them (BF16, F8, F6, F4 decoded as the views decode them,
+integers and BOOL as their values; ml_dtypes, a second to import, only once an F8, F6 or F4 chunk is decoded).
+C64 has none: it is compared by bytes only.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ _SPECIAL: dict[str, tuple[np.dtype, int, int]] = {
 _NEGATIVE_ZERO_NAN = frozenset({"F8_E4M3FNUZ", "F8_E5M2FNUZ"})  # their one NaN is the code 0x80, nothing infinite
 
 
-# Dtypes NumPy holds: decoded without ml_dtypes (a second to import), which only BF16, F8, F6 and F4 need.
+# Dtypes NumPy holds: decoded without ml_dtypes (a second to import), which only F8, F6 and F4 need (BF16 is
+# float32's upper half).
 _NUMPY = {
     **{"BOOL": "?", "U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8"},
     **{"U64": "<u8", "F16": "<f2", "F32": "<f4", "F64": "<f8"},
@@ -54,12 +55,16 @@ def decode(dtype: str, raw: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The values of ``raw`` (whole groups of ``dtype``, not C64) as float64, written into the start of ``out``: the
     part of ``out`` that holds them (``decode.to_float64``)."""
     native = _NUMPY.get(dtype)
-    if native is None:
+    if dtype == "BF16":  # float32's upper half: shifted back into place, exactly (NaN stays NaN)
+        values = np.left_shift(raw.view("<u2"), 16, dtype=np.uint32).view(np.float32)
+    elif native is None:
         from .decode import to_float64
 
         return to_float64(dtype, raw.data, out)
-    values = raw.view(native)
-    np.copyto(out[: len(values)], values, casting="unsafe")  # exact, but for 64-bit integers past 2**53
+    else:
+        values = raw.view(native)
+    with np.errstate(invalid="ignore"):  # a signalling NaN cast is NaN, as meant
+        np.copyto(out[: len(values)], values, casting="unsafe")  # exact, but for 64-bit integers past 2**53
     return out[: len(values)]
 
 

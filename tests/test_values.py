@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from stfs.decode import code_values
+from stfs.decode import code_values, to_float64
 from stfs.values import (
     Specials,
     Tally,
@@ -16,6 +16,7 @@ from stfs.values import (
     compare_values,
     count_specials,
     count_unequal_elements,
+    decode,
     has_specials,
     may_hold_specials,
     same_bytes,
@@ -154,6 +155,24 @@ def test_rel_l2_of_a_zero_tensor() -> None:
     changed = Tally()
     compare_values(np.zeros(3), np.ones(3), 0, 0.0, 0.0, changed)
     assert changed.rel_l2 is None  # infinite: no number
+
+
+@pytest.mark.parametrize("dtype", [*SMALL_FLOATS, "BOOL", "U8", "I8", "I16", "U16", "F4", "F6_E2M3", "F6_E3M2"])
+def test_decode_is_the_views_decoding(dtype: str) -> None:
+    """``values.decode`` (BF16 and NumPy's dtypes without ml_dtypes) gives what ``decode.to_float64`` gives."""
+    raw = np.tile(np.arange(1 << 16, dtype=np.uint16).view(np.uint8), 3)  # whole F6 groups of three bytes
+    mine = decode(dtype, raw, np.empty(2 * len(raw))).copy()
+    theirs = to_float64(dtype, raw.data, np.empty(2 * len(raw)))
+    assert np.array_equal(mine, theirs, equal_nan=True)
+    assert np.array_equal(np.signbit(mine), np.signbit(theirs))
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F64", "I32", "U32", "I64", "U64"])
+def test_decode_of_wide_dtypes(dtype: str) -> None:
+    raw = np.random.default_rng(4).integers(0, 256, 1 << 16, dtype=np.uint8)
+    mine = decode(dtype, raw, np.empty(1 << 16)).copy()
+    theirs = to_float64(dtype, raw.data, np.empty(1 << 16))
+    assert np.array_equal(mine, theirs, equal_nan=True)
 
 
 def test_bf16_table_matches_ml_dtypes() -> None:
