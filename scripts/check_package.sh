@@ -31,6 +31,8 @@ with open(sys.argv[1], "wb") as stream:
 PY
 "$work/fresh/bin/stfs" --version
 "$work/fresh/bin/stfs" info "$work/tiny.safetensors"
+"$work/fresh/bin/stfs" diff "$work/tiny.safetensors" "$work/tiny.safetensors"
+"$work/fresh/bin/stfs" check --values "$work/tiny.safetensors"
 "$work/fresh/bin/python" -c "import stfs.fs"  # mfusepy (pinned <4) loads libfuse3 and has what stfs overrides
 # The wheel carries both C extensions (stfs._native built against the libfuse3 headers, stfs._tls) and a mount
 # from it answers in C. Its listing is taken whole first: `grep -q` stops reading at its match, and under pipefail
