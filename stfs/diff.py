@@ -27,7 +27,7 @@ import numpy as np
 from .format import DTYPE_BITS
 from .info import printable
 from .model import Tensor, resolve
-from .progress import ByteProgress
+from .progress import ByteProgress, Progress
 from .scan import CHUNK_BYTES, PIECE_VALUES, REMOTE_CACHE, Reader, index_of, tensor_chunks
 from .sources import ByteSource, Kind, named_source, open_source, parent_key, relative_key
 from .sources.base import DEFAULT_TIMEOUT, is_url, shown_url
@@ -61,12 +61,13 @@ class Side:
         return relative_key(self.root, key)
 
 
-def open_side(text: str, timeout: float = DEFAULT_TIMEOUT) -> Side:
-    """SOURCE ``text`` validated and resolved into its tensors (headers only), its source kept open for reading."""
+def open_side(text: str, timeout: float = DEFAULT_TIMEOUT, progress: bool = False) -> Side:
+    """SOURCE ``text`` validated and resolved into its tensors (headers only), its source kept open for reading;
+    ``progress``: the line of headers read, where reading them takes a while."""
     text = named_source(text)
     source, key = open_source(text, timeout=timeout, keep_source_cache=True, cache_size=REMOTE_CACHE)
     try:
-        models = resolve(key, source)
+        models = resolve(key, source, Progress(enabled=progress))
         root = key if source.kind(key) is Kind.FOLDER else parent_key(key)
     except BaseException:
         source.close()
@@ -138,9 +139,9 @@ def diff(
     a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, timeout: float = DEFAULT_TIMEOUT, progress: bool = False
 ) -> Report:
     """Compare the models SOURCE ``a`` and SOURCE ``b`` names (``progress``: bars on stderr)."""
-    side_a = open_side(a, timeout)
+    side_a = open_side(a, timeout, progress)
     try:
-        side_b = open_side(b, timeout)
+        side_b = open_side(b, timeout, progress)
         try:
             return compare_sides(side_a, side_b, atol=atol, rtol=rtol, progress=progress)
         finally:

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from stfs.cli import main
 from stfs.scan import CHUNK_BYTES
+from stfs.sources import LocalFiles, SourceChanged
 from tests.models import write_header
 
 REPO = Path(__file__).resolve().parent.parent
@@ -358,15 +359,38 @@ def test_trouble_is_exit_2_in_one_line(tmp_path: Path) -> None:
         assert "Traceback" not in result.stderr and message in result.stderr, (argv, result.stderr)
 
 
-def test_a_source_changed_while_it_is_read_is_trouble(tmp_path: Path) -> None:
+def test_a_truncated_source_is_trouble(tmp_path: Path) -> None:
     a = write(tmp_path / "a.safetensors", {"w": torch.ones(8)})
     path = tmp_path / "b.safetensors"
     write(path, {"w": torch.ones(8)})
-    with open(path, "r+b") as stream:  # the header still valid, the data cut short under it
+    with open(path, "r+b") as stream:  # the header as it was, the data cut short
         stream.truncate(os.path.getsize(path) - 4)
     result = stfs_command("diff", a, str(path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_a_source_changed_while_it_is_read_is_trouble(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = write(tmp_path / "a.safetensors", model())
+    b = write(tmp_path / "b.safetensors", model(seed=1))
+    reads = []
+
+    def changed_after_two_reads(self: LocalFiles, key: str, *args: object) -> int:
+        reads.append(key)
+        if len(reads) > 2:
+            raise SourceChanged(f"{key} has changed since it was mounted")
+        return original(self, key, *args)  # type: ignore[arg-type]
+
+    original = LocalFiles.read_into
+    monkeypatch.setattr(LocalFiles, "read_into", changed_after_two_reads)
+    assert main(["diff", a, b]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        f"stfs: {reads[-1]}: cannot read: {reads[-1]} has changed since it was mounted"
+    ]
 
 
 def test_exit_status_as_diff_and_cmp(tmp_path: Path) -> None:
