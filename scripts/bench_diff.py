@@ -31,8 +31,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,14 +71,15 @@ with safe_open(sys.argv[1], "pt") as f:
 """
 
 
-def bf16_fill(seed: int):  # noqa: ANN201 (a write_model fill)
-    """Normal values as BF16 (float32's upper halves): what weights look like, and no NaN or infinity."""
+def bf16_fill(seed: int) -> Callable[[Any, int], None]:
+    """A ``write_model`` fill of normal values as BF16 (float32's upper halves): what weights look like, and no NaN
+    or infinity."""
 
-    def fill(stream: object, total: int) -> None:
+    def fill(stream: Any, total: int) -> None:
         rng = np.random.default_rng(seed)
         for _ in range(total // TENSOR_BYTES):
             values = rng.standard_normal(TENSOR_BYTES // 2, dtype=np.float32) * 0.02
-            stream.write((values.view(np.uint32) >> 16).astype(np.uint16).tobytes())  # type: ignore[attr-defined]
+            stream.write((values.view(np.uint32) >> 16).astype(np.uint16).tobytes())
 
     return fill
 
