@@ -27,7 +27,9 @@ PIECE_VALUES = 1 << 18  # values decoded at once (float64: 2 MiB an array, with 
 class Reader:
     """Reads byte ranges of one source in chunks into a buffer of its own, reused; counts them on ``progress``."""
 
-    def __init__(self, source: ByteSource, progress: ByteProgress | None = None, chunk_bytes: int = CHUNK_BYTES):
+    def __init__(
+        self, source: ByteSource, progress: ByteProgress | None = None, chunk_bytes: int = CHUNK_BYTES
+    ) -> None:
         self.source = source
         self.progress = progress
         self.buffer = np.empty(chunk_bytes, dtype=np.uint8)

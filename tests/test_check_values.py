@@ -10,7 +10,8 @@ import torch
 
 from stfs.cli import main
 from stfs.scan import CHUNK_BYTES
-from tests.test_diff import model, stfs_command, write, write_shards
+from tests.helpers import stfs_command
+from tests.torch_models import model, write, write_shards
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e5m2]
 

@@ -6,59 +6,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from stfs.cli import main
 from stfs.scan import CHUNK_BYTES
 from stfs.sources import LocalFiles, SourceChanged
+from tests.helpers import stfs_command
 from tests.models import write_header
-
-REPO = Path(__file__).resolve().parent.parent
-Tensors = dict[str, torch.Tensor]
-
-
-def model(seed: int = 0) -> Tensors:
-    generator = torch.Generator().manual_seed(seed)
-    return {
-        "model.embed.weight": torch.randn(64, 32, generator=generator),
-        "model.layers.0.attn.q.weight": torch.randn(32, 32, generator=generator).to(torch.bfloat16),
-        "model.layers.0.mlp.up.weight": torch.randn(48, 32, generator=generator).to(torch.float16),
-        "model.layers.0.fp8.weight": torch.randn(16, 16, generator=generator).to(torch.float8_e4m3fn),
-        "model.norm.bias": torch.randn(32, generator=generator).double(),
-        "model.positions": torch.arange(100, dtype=torch.int64),
-        "model.mask": torch.arange(12) % 3 == 0,
-        "model.scalar": torch.tensor(2.5),
-        "model.empty": torch.zeros(0, 4),
-    }
-
-
-def write(path: Path, tensors: Tensors) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({name: t.contiguous() for name, t in tensors.items()}, str(path))
-    return str(path)
-
-
-def write_shards(folder: Path, tensors: Tensors, shards: int = 3) -> str:
-    """The tensors as a sharded set of ``shards`` files (round robin) and its index; the index's path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    names = list(tensors)
-    weight_map = {}
-    for k in range(shards):
-        shard = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        part = {name: tensors[name] for name in names[k::shards]}
-        write(folder / shard, part)
-        weight_map |= dict.fromkeys(part, shard)
-    index = folder / "model.safetensors.index.json"
-    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return str(index)
+from tests.torch_models import model, write, write_shards
 
 
 def diff_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
@@ -74,12 +34,6 @@ def diff_text(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list
 
 def entry(document: dict[str, Any], name: str) -> dict[str, Any]:
     return next(t for t in document["tensors"] if t["name"] == name)
-
-
-def stfs_command(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
-    """The command itself, as a user runs it (this checkout's stfs)."""
-    kwargs.setdefault("timeout", 120)
-    return subprocess.run([sys.executable, "-m", "stfs", *args], capture_output=True, text=True, cwd=REPO, **kwargs)
 
 
 def test_a_single_file_and_a_sharded_set_of_the_same_tensors_are_the_same(

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from tests.test_diff import REPO, write
+from tests.helpers import REPO
+from tests.torch_models import write
 
 MIB = 1 << 20
 GROWTH = 256 * MIB  # SPEC §10: the process's memory grows by at most this much

@@ -16,7 +16,7 @@ from stfs.cli import main
 from stfs.sources.remote import FIRST_READ
 from tests.remote_helpers import files_of, publish_nginx
 from tests.servers import FakeHub, LogEntry, Nginx
-from tests.test_diff import write, write_shards
+from tests.torch_models import write, write_shards
 
 pytestmark = pytest.mark.timeout(120)
 
