@@ -14,8 +14,8 @@ import torch
 
 from stfs.cli import main
 from stfs.sources.remote import FIRST_READ
-from tests.remote_helpers import files_of, publish_nginx
-from tests.servers import FakeHub, LogEntry, Nginx
+from tests.remote_helpers import files_of, publish_nginx, publish_s3
+from tests.servers import S3, FakeHub, LogEntry, Nginx
 from tests.torch_models import write, write_shards
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,6 +93,21 @@ def test_check_values_over_http(nginx: Nginx, tmp_path: Path, capsys: pytest.Cap
     assert lines[0] == f"{url}/x.safetensors: tensor 'layers.1.weight': 0 NaN, 0 +inf, 1 -inf, the first at [998, 1000]"
     body = sum(e.body_bytes for e in nginx.log.entries())
     assert body <= 1.1 * data_bytes(tensors)
+
+
+def test_s3_against_a_local_copy(s3: S3, tmp_path: Path) -> None:
+    tensors = weights()
+    write_shards(tmp_path / "remote", tensors, shards=2)
+    url = publish_s3(s3, tmp_path / "remote", "models", "toy")
+    changed = dict(tensors)
+    changed["norm.weight"] = tensors["norm.weight"].clone()
+    changed["norm.weight"][100] = float("inf")
+    local = write(tmp_path / "local" / "model.safetensors", changed)
+    code, document = diff_json(f"{url}/", local)
+    assert code == 1
+    [entry] = [t for t in document["tensors"] if t["status"] != "identical"]
+    assert (entry["name"], entry["differ"], entry["max_abs"], entry["where"]) == ("norm.weight", 1, None, None)
+    assert document["a"] == f"{url}/"
 
 
 def cdn_data_requests(hub: FakeHub) -> list[LogEntry]:
