@@ -61,11 +61,14 @@ class Side:
         return relative_key(self.root, key)
 
 
-def open_side(text: str, timeout: float = DEFAULT_TIMEOUT, progress: bool = False) -> Side:
-    """SOURCE ``text`` validated and resolved into its tensors (headers only), its source kept open for reading;
-    ``progress``: the line of headers read, where reading them takes a while."""
+def open_side(
+    text: str, timeout: float = DEFAULT_TIMEOUT, progress: bool = False, cache_size: int = REMOTE_CACHE
+) -> Side:
+    """SOURCE ``text`` validated and resolved into its tensors (headers only), its source kept open for reading
+    (``cache_size``: the block cache of a remote source); ``progress``: the line of headers read, where reading them
+    takes a while."""
     text = named_source(text)
-    source, key = open_source(text, timeout=timeout, keep_source_cache=True, cache_size=REMOTE_CACHE)
+    source, key = open_source(text, timeout=timeout, keep_source_cache=True, cache_size=cache_size)
     try:
         models = resolve(key, source, Progress(enabled=progress))
         root = key if source.kind(key) is Kind.FOLDER else parent_key(key)
@@ -139,9 +142,10 @@ def diff(
     a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, timeout: float = DEFAULT_TIMEOUT, progress: bool = False
 ) -> Report:
     """Compare the models SOURCE ``a`` and SOURCE ``b`` names (``progress``: bars on stderr)."""
-    side_a = open_side(a, timeout, progress)
+    cache_size = REMOTE_CACHE // max(1, sum(is_url(named_source(text)) for text in (a, b)))
+    side_a = open_side(a, timeout, progress, cache_size)
     try:
-        side_b = open_side(b, timeout, progress)
+        side_b = open_side(b, timeout, progress, cache_size)
         try:
             return compare_sides(side_a, side_b, atol=atol, rtol=rtol, progress=progress)
         finally:

@@ -20,7 +20,9 @@ from .sources import ByteSource
 from .values import Specials, byte_count, count_specials, has_specials, may_hold_specials, values_per_chunk
 
 CHUNK_BYTES = 1 << 20  # read at once from a source: two of them and their scratch stay in a CPU's cache
-REMOTE_CACHE = 64 << 20  # a remote source's block cache: its parallel fetches run ahead within it
+# The block caches of the remote sources read at once, together (one source: all of it; diff's two: half each). Its
+# pages are the process's memory; the more of it, the larger the blocks and the window fetched ahead in parallel.
+REMOTE_CACHE = 128 << 20
 PIECE_VALUES = 1 << 18  # values decoded at once (float64: 2 MiB an array, with NumPy's temporaries a few times that)
 
 
