@@ -1,6 +1,7 @@
 """``stfs diff`` and ``stfs check --values`` on 1 GiB BF16 models, side by side with what people run today.
 
-Every figure is end to end (a new process, imports included) with the page cache warm, the median of ``--runs``:
+Every figure is end to end (a new process, imports included) with the page cache warm, the median of ``--runs``
+rounds that run each command and its reference in turn:
 
   identical   ``stfs diff A A2`` (two files with the same bytes) next to ``cmp A A2``          target <= 1.5x
   one value   ``stfs diff A B`` (B: A with one BF16 value changed) next to the script a user writes today:
@@ -128,16 +129,18 @@ def warm(*paths: Path) -> None:
                 pass
 
 
-def seconds(command: list[str], runs: int, expect: int | None = None, env: dict[str, str] | None = None) -> float:
-    """The median wall time of ``command`` over ``runs`` runs (its exit code checked)."""
-    times = []
+def side_by_side(commands: dict[str, tuple[list[str], int]], runs: int) -> dict[str, float]:
+    """The median wall time of each command (name -> (command, the exit code it must give)) over ``runs`` rounds,
+    each round running every command once in turn: a machine whose load drifts weighs on both sides alike."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
-        started = time.perf_counter()
-        result = subprocess.run(command, capture_output=True, text=True, env=env or environment())
-        times.append(time.perf_counter() - started)
-        if expect is not None and result.returncode != expect:
-            raise RuntimeError(f"{command}: exit {result.returncode}: {result.stderr.strip()}")
-    return statistics.median(times)
+        for name, (command, expect) in commands.items():
+            started = time.perf_counter()
+            result = subprocess.run(command, capture_output=True, text=True, env=environment())
+            times[name].append(time.perf_counter() - started)
+            if result.returncode != expect:
+                raise RuntimeError(f"{command}: exit {result.returncode}: {result.stderr.strip()}")
+    return {name: statistics.median(found) for name, found in times.items()}
 
 
 def peak_rss(command: list[str]) -> int:
@@ -219,17 +222,19 @@ def main() -> int:
 
     log("identical: stfs diff and cmp")
     warm(paths["a"], paths["a2"])
-    figures["cmp"] = seconds(["cmp", a, a2], args.runs, expect=0)
-    figures["diff_identical"] = seconds(stfs_command("diff", a, a2), args.runs, expect=0)
+    figures |= side_by_side({"cmp": (["cmp", a, a2], 0), "diff_identical": (stfs_command("diff", a, a2), 0)}, args.runs)
 
     log("one value: stfs diff and the torch script")
     warm(paths["a"], paths["one"])
-    figures["torch_diff"] = seconds([python, "-c", DIFF_SCRIPT, a, one], args.runs, expect=0)
-    figures["diff_one"] = seconds(stfs_command("diff", a, one), args.runs, expect=1)
+    one_value = {"torch_diff": ([python, "-c", DIFF_SCRIPT, a, one], 0), "diff_one": (stfs_command("diff", a, one), 1)}
+    figures |= side_by_side(one_value, args.runs)
 
     log("check --values and the torch script")
-    figures["torch_check"] = seconds([python, "-c", CHECK_SCRIPT, a], args.runs, expect=0)
-    figures["check_values"] = seconds(stfs_command("check", "--values", a), args.runs, expect=0)
+    check = {
+        "torch_check": ([python, "-c", CHECK_SCRIPT, a], 0),
+        "check_values": (stfs_command("check", "--values", a), 0),
+    }
+    figures |= side_by_side(check, args.runs)
 
     log("memory: two 1.5 GiB models")
     warm(paths["big_a"], paths["big_b"])
