@@ -1,5 +1,6 @@
 """The optional C extensions: stfs._native (the FUSE requests that carry the load, answered in C) and stfs._tls
-(HTTPS bodies read without the GIL).
+(HTTPS bodies read without the GIL); and the man page stfs(1), written by argparse-manpage from stfs.cli's parser
+as the package is built and installed in share/man/man1 (pyproject.toml, [tool.build_manpages]).
 
 stfs._native is built against the libfuse3 headers (``pkg-config fuse3``; the package libfuse3-dev), stfs._tls
 against Python's alone (it finds OpenSSL in the library Python's ssl loaded). Without a compiler or the headers an
@@ -9,11 +10,17 @@ the package is in pyproject.toml.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 
+from build_manpages import build_manpages, get_build_py_cmd, get_install_cmd
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+# The man page is made by importing stfs.cli from this tree (setuptools' isolated build does not put it on the path).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def fuse3_cflags() -> list[str] | None:
@@ -47,4 +54,12 @@ if flags is not None:
     extensions.append(Extension("stfs._native", ["stfs/_native.c"], extra_compile_args=[*flags, *WARNINGS]))
 else:
     print("stfs: pkg-config fuse3 found no libfuse3 headers; stfs._native is left out, the Python path will serve")
-setup(ext_modules=extensions, cmdclass={"build_ext": OptionalBuildExt})
+setup(
+    ext_modules=extensions,
+    cmdclass={
+        "build_ext": OptionalBuildExt,
+        "build_manpages": build_manpages,
+        "build_py": get_build_py_cmd(),  # builds the man page before the Python files
+        "install": get_install_cmd(),  # installs it in share/man/man1 (a wheel's .data/data/share/man/man1)
+    },
+)

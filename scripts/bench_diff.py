@@ -17,7 +17,7 @@ rounds that run each command and its reference in turn:
   hub         ``stfs diff`` of a local copy of A against the same file in a Hub repository (the tests' fake Hub on
               nginx): bytes its CDN sent (the header's first read only)                   target: no tensor bytes
 
-    flock /work/notes/bench.lock python3 scripts/bench_diff.py --data /tmp/stfs-bench-diff
+    python3 scripts/bench_diff.py --data /tmp/stfs-bench-diff --runs 5
 
 The models are made once into ``--data`` (5 GiB) and kept; ``--clean`` deletes them first.
 """

@@ -95,7 +95,7 @@ def in_process(source: str, size_mib: int) -> dict[str, float]:
 
     import numpy as np
 
-    from stfs.format import TensorEntry
+    from stfs.formats.safetensors import TensorEntry
     from stfs.heatmap import colours, encode, pixel_sums
     from stfs.summary import TensorBytes
     from stfs.tensor_stats import summarize

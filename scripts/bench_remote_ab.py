@@ -8,7 +8,9 @@ bench_remote's 1 GiB model (eight 128 MiB tensors) behind bench_remote's nginx; 
 a fresh mount: ``dd`` of tensor ``t2``, ``dd`` of ``files/model.safetensors``, ``cat`` of every ``tensors/``
 file, each followed by ``curl -r`` of as many bytes. ``--tensors N --tensor-mib M``: a model of N tensors of
 M MiB instead (written once under DIR). The order of the checkouts flips every round. Prints each
-ratio, then the daemon's CPU-seconds per GB of each read, and their medians. ``--https``: the same over nginx's
+ratio, then the daemon's CPU-seconds per GB of each read, and their medians. ``--cache-dir fresh``: every mount
+keeps what it fetches in a new --cache-dir (what writing it costs); ``--cache-dir kept``: a mount first reads the
+same into a new --cache-dir, and the one measured reads with what it kept. ``--https``: the same over nginx's
 TLS port (a test CA, trusted through ``SSL_CERT_FILE``). ``--latency S``: through tests/servers.py's ``FaultProxy``
 adding S seconds to every request (bench_remote's +20 ms case is ``--latency 0.02``). ``--hot``: instead,
 ``dd`` of ``t2`` four times on one mount, the page cache dropped before each (the first fetches, the rest find
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,24 +42,38 @@ def curl_seconds(url: str, size: int) -> float:
     return time.monotonic() - began
 
 
-def one_round(url: str, mnt: str, spans: dict[str, tuple[int, int]], options: list[str]) -> list[float]:
-    """stfs ÷ curl for one tensor, files/ and the whole of tensors/, then the daemon's CPU-seconds per GB of each."""
+def one_round(
+    url: str, mnt: str, spans: dict[str, tuple[int, int]], options: list[str], cache_dir: str, data: str
+) -> list[float]:
+    """stfs ÷ curl for one tensor, files/ and the whole of tensors/, then the daemon's CPU-seconds per GB of each.
+    ``cache_dir`` ``fresh``: each mount keeps what it fetches in a new, empty --cache-dir; ``kept``: a mount first
+    reads the same into a new --cache-dir, and the mount measured reads with what it kept."""
     ratios, cpu = [], []
     for what in ("tensors/t2", f"files/{url.rpartition('/')[2]}", "cat"):
-        with bench_remote.stfs_mounted(url, mnt, options) as mount:
-            before = cpu_seconds(mount.pid)
-            if what == "cat":
-                in_file_order = sorted(spans, key=spans.get)
-                paths = [os.path.join(mount.mountpoint, "tensors", name) for name in in_file_order]
-                began = time.monotonic()
-                subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
-                seconds, size = time.monotonic() - began, sum(hi - lo for lo, hi in spans.values())
-            else:
-                path = os.path.join(mount.mountpoint, what)
-                seconds, size = dd_seconds(path), os.path.getsize(path)
-            cpu.append((cpu_seconds(mount.pid) - before) / (size / 1e9))
+        folder = os.path.join(data, "cache-dir")
+        shutil.rmtree(folder, ignore_errors=True)
+        extra = options if cache_dir == "none" else [*options, "-o", f"cache_dir={folder}"]
+        for measured in (False, True) if cache_dir == "kept" else (True,):
+            with bench_remote.stfs_mounted(url, mnt, extra) as mount:
+                before = cpu_seconds(mount.pid)
+                seconds, size = read(mount.mountpoint, what, spans)
+                cpu.append((cpu_seconds(mount.pid) - before) / (size / 1e9))
+            if not measured:
+                cpu.pop()
         ratios.append(curl_seconds(url, size) / seconds)
     return ratios + cpu
+
+
+def read(mountpoint: str, what: str, spans: dict[str, tuple[int, int]]) -> tuple[float, int]:
+    """Seconds to read ``what`` of a mount (``cat``: every tensors/ file in file order), and its bytes."""
+    if what == "cat":
+        in_file_order = sorted(spans, key=spans.get)
+        paths = [os.path.join(mountpoint, "tensors", name) for name in in_file_order]
+        began = time.monotonic()
+        subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
+        return time.monotonic() - began, sum(hi - lo for lo, hi in spans.values())
+    path = os.path.join(mountpoint, what)
+    return dd_seconds(path), os.path.getsize(path)
 
 
 def hot(url: str, mnt: str, options: list[str]) -> list[float]:
@@ -79,6 +96,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("-o", dest="option", action="append", default=[], help="stfs mount -o options")
     parser.add_argument("--hot", action="store_true")
+    parser.add_argument(
+        "--cache-dir",
+        choices=("none", "fresh", "kept"),
+        default="none",
+        help="fresh: each mount keeps what it fetches in a new --cache-dir; kept: reads what a mount before it kept",
+    )
     parser.add_argument("--https", action="store_true", help="over nginx's TLS port")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every request by a proxy")
     parser.add_argument("--tensors", type=int, default=bench_remote.TENSORS, help="tensors of the model")
@@ -108,7 +131,9 @@ def main() -> int:
             for label, path in checkouts if number % 2 == 0 else checkouts[::-1]:
                 STFS_REPO[0] = os.path.abspath(path)
                 url, mnt = f"{base}/{model}", os.path.join(data, "mnt")
-                figures = hot(url, mnt, options) if args.hot else one_round(url, mnt, spans, options)
+                figures = (
+                    hot(url, mnt, options) if args.hot else one_round(url, mnt, spans, options, args.cache_dir, data)
+                )
                 results[label].append(figures)
                 unit = "GB/s" if args.hot else "x curl (one tensor, files/, cat tensors/), then CPU-s/GB of each"
                 print(f"round {number} {label}: " + " ".join(f"{f:.2f}" for f in figures) + f" {unit}", flush=True)

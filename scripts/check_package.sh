@@ -34,12 +34,19 @@ PY
 "$work/fresh/bin/stfs" diff "$work/tiny.safetensors" "$work/tiny.safetensors"
 "$work/fresh/bin/stfs" check --values "$work/tiny.safetensors"
 "$work/fresh/bin/python" -c "import stfs.fs"  # mfusepy (pinned <4) loads libfuse3 and has what stfs overrides
+# The GGUF reader's type table and decoders come from the gguf package, a dependency of the wheel.
+"$work/fresh/bin/python" -c "from stfs.formats import gguf; assert gguf.ggml_type('Q4_K').dequantizable"
 # The wheel carries both C extensions (stfs._native built against the libfuse3 headers, stfs._tls) and a mount
 # from it answers in C. Its listing is taken whole first: `grep -q` stops reading at its match, and under pipefail
 # the lister's broken pipe failed the check now and then.
 listing=$(python3 -m zipfile -l "$out"/*.whl)
 grep -q 'stfs/_native\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no stfs/_native" >&2; exit 1; }
 grep -q 'stfs/_tls\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no stfs/_tls" >&2; exit 1; }
+# The man page stfs(1), written from stfs.cli's parser at build time, goes to PREFIX/share/man/man1.
+grep -q 'stfs-[^/]*\.data/data/share/man/man1/stfs\.1' <<<"$listing" || {
+    echo "check_package: the wheel has no share/man/man1/stfs.1" >&2; exit 1; }
+man_head=$(head -n 1 "$work/fresh/share/man/man1/stfs.1" 2>/dev/null || true)
+[[ $man_head == '.TH STFS "1"'* ]] || { echo "check_package: the fresh venv has no man page stfs(1)" >&2; exit 1; }
 mkdir "$work/mnt"
 (cd "$work" && "$work/fresh/bin/stfs" mount "$work/tiny.safetensors" "$work/mnt" --log-file "$work/mount.log")
 status=0

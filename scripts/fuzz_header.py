@@ -41,11 +41,13 @@ import types
 import atheris
 
 if {"--replay", "--line-coverage"} & set(sys.argv):  # plain bytecode, so line tracing sees the source as written
-    from stfs import errors, format, model, tree, views
+    from stfs import errors, model, tree, views
+    from stfs.formats import safetensors as format
     from stfs.sources import LocalFiles
 else:
     with atheris.instrument_imports(include=["stfs"]):
-        from stfs import errors, format, model, tree, views
+        from stfs import errors, model, tree, views
+        from stfs.formats import safetensors as format
         from stfs.sources import LocalFiles
 
 try:

@@ -2,11 +2,11 @@
 """Differential fuzzing of stfs's header validation against the safetensors reference.
 
 Seeds are files written by the real ``safetensors`` package; each input is one seed mutated at the byte,
-JSON or file level. stfs's verdict (``stfs.format.fetch_header``, what ``stfs check`` runs) is compared with
-the reference's (``safetensors.deserialize`` and ``safe_open``). A failure is
+JSON or file level. stfs's verdict (``stfs.formats.safetensors.fetch_header``, what ``stfs check`` runs)
+is compared with the reference's (``safetensors.deserialize`` and ``safe_open``). A failure is
 
-- a disagreement that is not one of the documented places where stfs is stricter (README.md,
-  "Validation": a header that does not begin with ``{``, a repeated key), each confirmed here
+- a disagreement that is not one of the documented places where stfs is stricter (docs/validation.md:
+  a header that does not begin with ``{``, a repeated key), each confirmed here
   independently of stfs's own error class; or
 - an exception from stfs that is not an ``StfsError``.
 
@@ -40,7 +40,7 @@ import safetensors
 from safetensors import safe_open
 
 from stfs import errors
-from stfs.format import DTYPE_BITS, fetch_header
+from stfs.formats.safetensors import DTYPE_BITS, fetch_header
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # run as a script: the tests' fixture writers are beside it
@@ -131,7 +131,7 @@ TOKENS = [
     b"\xc0\xaf",
 ]
 MUTATORS: dict[str, Callable[[random.Random, bytes], bytes]] = {}
-STRICTER = ("header-start", "duplicate-key")  # README.md, "Validation": where stfs is stricter than the reference
+STRICTER = ("header-start", "duplicate-key")  # docs/validation.md: where stfs is stricter than the reference
 
 
 @dataclass(frozen=True, slots=True)

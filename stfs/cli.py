@@ -22,6 +22,11 @@ from .sources.base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, is_url
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 EXIT_DIFFERENT, EXIT_TROUBLE = 1, 2  # stfs diff's, as diff(1) and cmp(1)
 
+SOURCE_HELP = (
+    "a .safetensors file, a .safetensors.index.json (a sharded set), a folder (every model in it), "
+    "or an http(s)://, s3:// or hf:// URL of any of these"
+)
+
 
 def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
     parser.add_argument("--version", action="version", version=f"stfs {__version__}")
@@ -35,16 +40,26 @@ def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stfs", description="Mount safetensors models: every tensor a file.")
+    parser = argparse.ArgumentParser(
+        prog="stfs",
+        description="Mount safetensors models read-only, every tensor an ordinary file; list and validate them from "
+        "their headers. SOURCE is " + SOURCE_HELP + ". `stfs SOURCE MNT -o OPTIONS` is stfs mount as mount(8) runs "
+        "it for fstab's type fuse.stfs.",
+        epilog="example: stfs mount hf://Qwen/Qwen2.5-0.5B mnt",
+    )
     _common(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    mount = commands.add_parser("mount", help="mount a model, index or folder of models read-only")
-    _common(mount)
-    mount.add_argument(
-        "source", metavar="SOURCE", type=_given, help="x.safetensors, x.safetensors.index.json, a folder or a URL"
+    mount = commands.add_parser(
+        "mount",
+        help="mount a model, index or folder of models read-only",
+        description="Validate every header of SOURCE, mount it read-only at MNT and return once MNT answers "
+        "(the daemon runs in the background; -f keeps it in the foreground).",
+        epilog="example: stfs mount hf://Qwen/Qwen2.5-0.5B /mnt/qwen --view f32",
     )
-    mount.add_argument("mountpoint", metavar="MNT", type=_given, help="an existing folder")
+    _common(mount)
+    mount.add_argument("source", metavar="SOURCE", type=_given, help=SOURCE_HELP)
+    mount.add_argument("mountpoint", metavar="MNT", type=_given, help="an existing folder, the mountpoint")
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     mount.add_argument(
         "-o",
@@ -53,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="OPT,...",
         type=_checked_options,
-        help="mount options: FUSE's (e.g. allow_other) and stfs's own as NAME=VALUE "
-        "(layout=flat, log_file=PATH, max_open_files=N, threads, keep_source_cache, view=NAME)",
+        help="mount options, comma-separated: FUSE's (allow_other, max_read=N, ...) and stfs's own, each option "
+        "below as NAME=VALUE with _ for - (layout=flat, view=npy, log_file=PATH, cache_dir=DIR, threads, ...)",
     )
     mount.add_argument(
         "--layout",
@@ -99,32 +114,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="remote sources: bytes of fetched blocks kept in memory, K/M/G suffixes (default 1G)",
     )
     mount.add_argument(
-        "--cache-dir", metavar="DIR", help="remote sources: also keep fetched blocks in DIR, across mounts"
+        "--cache-dir",
+        metavar="DIR",
+        help="remote sources: also keep every range fetched on disk in DIR, keyed by object and version, for later "
+        "mounts and other daemons sharing DIR",
     )
     mount.add_argument(
         "--cache-dir-size",
         type=_option_type(size_bytes),
         default=None,
         metavar="SIZE",
-        help="at most this much in --cache-dir, least recently used blocks deleted first, across the daemons "
-        "sharing it; K/M/G suffixes (default 10G)",
+        help="at most this much in --cache-dir, across the daemons sharing it, least recently used pieces deleted "
+        "first; K/M/G suffixes (default 10G)",
     )
     _timeout(mount)
 
-    unmount = commands.add_parser("unmount", help="unmount, also a mount whose daemon died")
+    unmount = commands.add_parser(
+        "unmount",
+        help="unmount, also a mount whose daemon died",
+        description="Unmount MNT (as umount or fusermount3 -u would); also clears a mount whose daemon died.",
+        epilog="example: stfs unmount /mnt/qwen",
+    )
     _common(unmount)
-    unmount.add_argument("mountpoint", metavar="MNT", type=_given)
+    unmount.add_argument("mountpoint", metavar="MNT", type=_given, help="the mountpoint")
     unmount.add_argument("-z", "--lazy", action="store_true", help="detach now even if busy")
 
-    info = commands.add_parser("info", help="tensor table, per-dtype counts and totals from headers")
+    info = commands.add_parser(
+        "info",
+        help="tensor table, per-dtype counts and totals from headers",
+        description="Print each tensor (name, dtype, shape, parameters, file), counts per dtype and totals, "
+        "read from the headers alone (over a URL: a Range request per file, never the data).",
+        epilog="example: stfs info https://example.com/llama/model.safetensors.index.json",
+    )
     _common(info)
-    info.add_argument("sources", nargs="+", metavar="SOURCE", type=_given)
+    info.add_argument("sources", nargs="+", metavar="SOURCE", type=_given, help=SOURCE_HELP)
     info.add_argument("--json", action="store_true", help="print JSON")
     _timeout(info)
 
-    check = commands.add_parser("check", help="validate; one line per problem; exit 0 only if all are valid")
+    check = commands.add_parser(
+        "check",
+        help="validate; one line per problem; exit 0 only if all are valid",
+        description="Validate every header as stfs mount does: one line per problem (file, tensor, rule), "
+        "one ok line per valid model; exit 0 only if all are valid.",
+        epilog="example: stfs check s3://my-bucket/checkpoints/step-1000/",
+    )
     _common(check)
-    check.add_argument("sources", nargs="+", metavar="SOURCE", type=_given)
+    check.add_argument("sources", nargs="+", metavar="SOURCE", type=_given, help=SOURCE_HELP)
     check.add_argument(
         "--values",
         action="store_true",
@@ -139,9 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compare two models tensor by tensor, matched by name: a line per tensor that is not equal "
         "(- only in A, + only in B, ! another dtype or shape, ~ values differ), then a summary line. "
         "Exit 0 if every tensor is equal in both, 1 if anything differs, 2 on trouble.",
+        epilog="example: stfs diff ./downloaded-model hf://org/model",
     )
     _common(diff)
-    diff.add_argument("a", metavar="A", type=_given, help="a SOURCE, as for stfs mount")
+    diff.add_argument("a", metavar="A", type=_given, help=SOURCE_HELP)
     diff.add_argument("b", metavar="B", type=_given, help="another SOURCE")
     diff.add_argument("--json", action="store_true", help="print one JSON object")
     diff.add_argument(

@@ -28,6 +28,8 @@ from .views import build_tree, with_chosen
 log = logging.getLogger("stfs")
 
 READY_TIMEOUT = 60.0
+DAEMON_EXIT_WAIT = 15.0  # seconds `stfs unmount` waits for the daemon to end after the mount is gone
+LIBFUSE_MAX_THREADS = 10  # libfuse's default size of its thread pool (helper.c)
 DEFAULT_OPTIONS = {
     "ro": True,
     "kernel_cache": True,  # the tree never changes: re-reads and other processes' reads stay in the kernel
@@ -92,6 +94,9 @@ def plan_mount(
     merged = {**DEFAULT_OPTIONS, "fsname": key.replace(",", "_"), **parse_options(options or [])}
     if threads:
         merged.pop("nothreads", None)
+        # libfuse 3.12-3.14 start with max_idle_threads at UINT_MAX and log "Ignoring invalid max threads value
+        # 4294967295" at every threaded mount; as many idle threads as threads at all is the same (none ever exit)
+        merged.setdefault("max_idle_threads", merged.get("max_threads", LIBFUSE_MAX_THREADS))
     if merged.get("allow_other"):
         merged["default_permissions"] = True  # with other users in, the kernel enforces the 0444/0555 modes
     return MountPlan(
@@ -362,6 +367,7 @@ def unmount(mountpoint: str, lazy: bool = False) -> None:
     mountpoint = os.path.abspath(mountpoint)
     if not os.path.ismount(mountpoint) and not is_dead_mount(mountpoint):
         raise errors.MountError(f"{mountpoint}: not mounted")
+    pid = None if lazy else daemon_pid(mountpoint)
     command = [_fusermount(), "-u", *(["-z"] if lazy else []), mountpoint]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -375,6 +381,20 @@ def unmount(mountpoint: str, lazy: bool = False) -> None:
     deadline = time.monotonic() + 10
     while os.path.ismount(mountpoint) and time.monotonic() < deadline:
         time.sleep(0.05)
+    # The daemon finishes what it was doing (the pieces it is writing to --cache-dir): a mount right after this
+    # finds them
+    deadline = time.monotonic() + DAEMON_EXIT_WAIT
+    while pid is not None and _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` is alive (a zombie, whose parent has not reaped it yet, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            return stream.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _fusermount() -> str:

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .format import DTYPE_BITS
+from .formats.safetensors import DTYPE_BITS
 
 F32 = np.dtype("<f4")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .format import DTYPE_BITS
+from .formats.safetensors import DTYPE_BITS
 from .info import printable
 from .model import Tensor, resolve
 from .progress import ByteProgress, Progress

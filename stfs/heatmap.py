@@ -22,7 +22,7 @@ from functools import cache
 import numpy as np
 
 from .decode import to_float64
-from .format import TensorEntry
+from .formats import TensorEntry
 from .summary import CHUNK_VALUES, TensorBytes
 
 MAX_SIDE = 1024

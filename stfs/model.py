@@ -1,6 +1,6 @@
 """Models: a SOURCE (file, index, folder) resolved into tensors with their source bytes.
 
-Data flows from a ``ByteSource`` (listing, reading) through ``format`` (one file's header) to here
+Data flows from a ``ByteSource`` (listing, reading) through ``formats`` (one file's header) to here
 (a model made of one or many files); nothing here knows about paths in the mounted tree.
 """
 
@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from . import errors
-from .format import Header, encodable, fetch_header
+from .formats import FORMATS, Header, format_of
+from .formats.safetensors import encodable
 from .progress import Progress
 from .sources import ByteSource, Kind, LocalFiles, base_name, join_key, parent_key, relative_key
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-MODEL_SUFFIX = ".safetensors"
+MODEL_SUFFIXES = tuple(suffix for known in FORMATS for suffix in known.suffixes)  # a model each, in a folder
 INDEX_SUFFIX = ".safetensors.index.json"
 MAX_INDEX_LENGTH = 100_000_000
 
@@ -146,11 +147,12 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
         except OSError as exc:
             raise errors.UnreadableFile(f"{key}: cannot read: {exc.strerror or exc}") from exc
 
-    return fetch_header(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
+    read = format_of(key).read_header
+    return read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
 
 
 def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:
-    """The models ``key`` names (README.md, "Sources"), without reading any safetensors header.
+    """The models ``key`` names (docs/sources.md), without reading any safetensors header.
 
     Without ``source``, ``key`` is a local path.
     """
@@ -176,7 +178,7 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
         name = base_name(key)
         if name.endswith(INDEX_SUFFIX):
             indexes.append(key)
-        elif name.endswith(MODEL_SUFFIX) and source.kind(key) is Kind.FILE:
+        elif name.endswith(MODEL_SUFFIXES) and source.kind(key) is Kind.FILE:
             files.append(key)
     shard_keys: set[str] = set()
     for index in indexes:
@@ -184,7 +186,7 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
         shard_keys.update(join_key(parent_key(index), shard) for shard in set(weight_map.values()))
     models = [key for key in sorted(indexes + files) if key not in shard_keys]
     if not models:
-        raise errors.SourceError(f"{root}: no {MODEL_SUFFIX} file or {INDEX_SUFFIX} found")
+        raise errors.SourceError(f"{root}: no {' or '.join(MODEL_SUFFIXES)} file or {INDEX_SUFFIX} found")
     if len(models) == 1:
         return [ModelSource(name="", path=models[0])]
     result = [ModelSource(name=_model_name(relative_key(root, key)), path=key) for key in models]
@@ -197,7 +199,7 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
 
 
 def _model_name(relative: str) -> str:
-    for suffix in (INDEX_SUFFIX, MODEL_SUFFIX):
+    for suffix in (INDEX_SUFFIX, *MODEL_SUFFIXES):
         if relative.endswith(suffix):
             return relative[: -len(suffix)]
     return relative

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .format import TensorEntry
+from .formats import TensorEntry
 
 if TYPE_CHECKING:
     from .decode import Codec
@@ -268,18 +268,20 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
 
 
 def tensor_xattrs(node: FileNode) -> dict[str, bytes]:
-    """The ``user.safetensors.*`` extended attributes of a tensor's file (and ``user.stfs.view`` of a view's)."""
+    """The ``user.<format>.*`` extended attributes of a tensor's file (``user.safetensors.name``, ...; the format's
+    namespace as its ``TensorEntry`` says), and ``user.stfs.view`` of a view's."""
     tensor = node.tensor
     source = next((segment for segment in node.segments if type(segment) is not bytes), None)
     if tensor is None or source is None:
         return {}
     assert isinstance(source, (Range, Decoded, Summary))  # a view's file names the source bytes it is made of
+    prefix = f"user.{tensor.namespace}."
     xattrs = {
-        "user.safetensors.name": tensor.name.encode("utf-8", "surrogatepass"),
-        "user.safetensors.dtype": tensor.dtype.encode(),
-        "user.safetensors.shape": json.dumps(list(tensor.shape), separators=(",", ":")).encode(),
-        "user.safetensors.file": source.key.encode("utf-8", "surrogateescape"),
-        "user.safetensors.offset": str(source.offset).encode(),
+        prefix + "name": tensor.name.encode("utf-8", "surrogatepass"),
+        prefix + "dtype": tensor.dtype.encode(),
+        prefix + "shape": json.dumps(list(tensor.shape), separators=(",", ":")).encode(),
+        prefix + "file": source.key.encode("utf-8", "surrogateescape"),
+        prefix + "offset": str(source.offset).encode(),
     }
     if node.view is not None:
         xattrs["user.stfs.view"] = node.view.encode()

@@ -21,18 +21,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from cachetools import LRUCache
 
 from . import stopping
-from .format import DTYPE_BITS, TensorEntry
+from .formats import TensorEntry, groups
 from .nodes import ReadInto, Summary
 
 FINISHED_BYTES = 16 << 20  # finished files kept: a few 1024 x 1024 heatmaps (3 MiB each), thousands of stats
 CHUNK_VALUES = 1 << 18  # values read and decoded at once: with NumPy's temporaries, a few MiB
-
-
-def groups(dtype: str) -> tuple[int, int]:
-    """(values, bytes) of the smallest whole group of ``dtype``: F4 two values a byte, F6 four in three bytes."""
-    bits = DTYPE_BITS[dtype]
-    values = {4: 2, 6: 4}.get(bits, 1)
-    return values, values * bits // 8
 
 
 class TensorBytes:
@@ -49,7 +42,7 @@ class TensorBytes:
     @property
     def count(self) -> int:
         """Values in the tensor."""
-        return self.entry.size * 8 // DTYPE_BITS[self.entry.dtype]
+        return self.entry.parameters
 
     def chunks(self, values: int = CHUNK_VALUES) -> Iterator[tuple[int, memoryview]]:
         """(index of its first value, its bytes) for each chunk of about ``values`` values, in order; the bytes are

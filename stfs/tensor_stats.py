@@ -23,7 +23,7 @@ from functools import cache
 import numpy as np
 
 from .decode import CODED, code_values, codes, to_float64
-from .format import TensorEntry
+from .formats import TensorEntry
 from .summary import CHUNK_VALUES, TensorBytes
 
 BINS = 64

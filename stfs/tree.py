@@ -3,7 +3,7 @@
 Built once (by ``views.build_tree``) and never changed afterwards; it does no I/O. ``lookup()``
 and ``listdir()`` return ``None`` on a miss; only the FUSE layer speaks errno.
 
-Escaping (README.md, "Names and paths"), for a tensor name, metadata key or shard name:
+Escaping (docs/tree.md, "Names and paths"), for a tensor name, metadata key or shard name:
 
 * ``%`` -> ``%25``, ``/`` -> ``%2F``, NUL -> ``%00`` anywhere;
 * nested layout: a name is split at each dot that stands between two non-dots
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from sys import intern
 
 from .errors import TreeError
-from .format import TensorEntry
+from .formats import TensorEntry
 from .nodes import DirNode, FileNode, Node, Segments
 
 NAME_MAX = 255

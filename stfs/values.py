@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .format import DTYPE_BITS
+from .formats.safetensors import DTYPE_BITS
 
 _libc = ctypes.CDLL(None)
 _memcmp = _libc.memcmp

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from .errors import TreeError
-from .format import DTYPE_BITS, TensorEntry
+from .formats import Header, TensorEntry
 from .model import Model, SourceFile
 from .nodes import Decoded, FileNode, Range, Segment, ShardData, Summary
 from .readahead import jump_window_kb
@@ -67,7 +67,7 @@ def header_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
         tree.add_file([*base, "header.json"], mtime, (merged_header(model),))
     else:
         header = model.shards[0].header
-        tree.add_file([*base, "header.json"], mtime, (Range(header.path, 8, header.json_length),))
+        tree.add_file([*base, "header.json"], mtime, (_header_json(header),))
     _add_metadata(tree, [*base, "metadata"], model.metadata, mtime)
 
 
@@ -81,7 +81,7 @@ def shard_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
             header = shard.header
             folder = [*base, "shards", escape_component(shard.name)]
             tree.folder(folder, header.mtime_ns)
-            tree.add_file([*folder, "header.json"], header.mtime_ns, (Range(header.path, 8, header.json_length),))
+            tree.add_file([*folder, "header.json"], header.mtime_ns, (_header_json(header),))
             _add_metadata(tree, [*folder, "metadata"], header.metadata, header.mtime_ns)
 
 
@@ -174,8 +174,15 @@ def _tensors(model: Model) -> Iterator[tuple[str, int, int, TensorEntry]]:
 
 
 def _decoded(source: Range, codec: Codec, entry: TensorEntry) -> Decoded:
-    values = entry.size * 8 // DTYPE_BITS[entry.dtype]
-    return Decoded(source.key, source.offset, 4 * values, codec)
+    return Decoded(source.key, source.offset, 4 * entry.parameters, codec)
+
+
+def _header_json(header: Header) -> Segment:
+    """A file's ``header.json``: its JSON as stored, or the one made from its header."""
+    if header.json_at is not None:
+        return Range(header.path, *header.json_at)
+    assert header.json_made is not None
+    return header.json_made
 
 
 VIEWS: tuple[View, ...] = (header_files, tensor_files, shard_files)

@@ -20,8 +20,15 @@ from tests.models import rich_arrays, sharded_arrays, write_header, write_numpy,
 COMMANDS = ["mount", "unmount", "info", "check", "diff"]
 
 
+REPO = str(Path(__file__).resolve().parent.parent)
+
+
 def stfs_run(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
-    return run(["stfs", *args], **kwargs)
+    """The stfs command of this checkout: ``python -m stfs`` with the checkout first on the path (the ``stfs`` on
+    PATH may be another checkout's install)."""
+    env = dict(kwargs.pop("env", None) or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    return run([sys.executable, "-m", "stfs", *args], env=env, **kwargs)
 
 
 def lines(text: str) -> list[str]:
@@ -158,6 +165,15 @@ def test_help_everywhere(command: list[str]) -> None:
     assert result.stdout.startswith(f"usage: {' '.join(['stfs', *command])} ")
     assert "--version" in result.stdout and "--debug" in result.stdout
     assert stfs_run(*command, "-h").stdout == result.stdout
+
+
+@pytest.mark.parametrize("command", [[], ["mount"], ["info"], ["check"]])
+def test_help_says_what_source_can_be_with_an_example(command: list[str]) -> None:
+    text = " ".join(stfs_run(*command, "--help").stdout.split())  # argparse wraps lines anywhere
+    for kind in (".safetensors file", ".safetensors.index.json", "a folder", "http(s)://", "s3://", "hf://"):
+        assert kind in text
+    examples = [line for line in stfs_run(*command, "--help").stdout.splitlines() if line.startswith("example: ")]
+    assert len(examples) == 1 and examples[0].startswith(" ".join(["example: stfs", *command]))
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])

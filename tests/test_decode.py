@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from stfs.decode import CODECS, F32, NATIVE, npy_header, table
-from stfs.format import DTYPE_BITS
+from stfs.formats.safetensors import DTYPE_BITS
 from stfs.nodes import Decoded, FileNode, read_into
 from tests.decoding import every_code, minifloat_reference, parse_npy_header, reference
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stfs.sources.disk_cache import USAGE_FILE, DiskCache
+from stfs.sources.disk_cache import USAGE_FILE, DiskCache, covering, gaps
 from stfs.sources.remote import DEFAULT_BLOCK_SIZE
 from tests.helpers import MountFn, read_cold, run, tensor_path
 from tests.models import tensor_bytes
@@ -78,6 +78,43 @@ def test_a_folder_kept_before_the_bound_existed_is_counted_and_trimmed(tmp_path:
     bounded.put("new", "v", 0, 100 * KIB, piece(99))
     assert bounded.usage() == folder_bytes(folder) <= 300 * KIB
     assert bounded.get("new", "v", 0, 100 * KIB) == piece(99)
+
+
+def test_a_read_takes_what_pieces_of_any_size_cover_and_names_the_gaps(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 1200  # 300 KiB-odd of an object, its bytes telling where they are
+    cache = DiskCache(str(tmp_path / "c"))
+    cache.put("k", "v1", 0, 100 * KIB, data[: 100 * KIB])  # a tensor clipped out of a block
+    cache.put("k", "v1", 150 * KIB, 300 * KIB, data[150 * KIB : 300 * KIB])
+    cache.put("k", "v1", 60 * KIB, 120 * KIB, data[60 * KIB : 120 * KIB])  # overlapping another
+    into = memoryview(bytearray(200 * KIB))
+    filled = cache.read_into("k", "v1", 50 * KIB, into)
+    assert filled == [(50 * KIB, 120 * KIB), (150 * KIB, 250 * KIB)]
+    for lo, hi in filled:
+        assert into[lo - 50 * KIB : hi - 50 * KIB] == data[lo:hi]
+    assert gaps(50 * KIB, 250 * KIB, filled) == [(120 * KIB, 150 * KIB)]
+    assert cache.get("k", "v1", 10 * KIB, 110 * KIB) == data[10 * KIB : 110 * KIB]  # across two pieces
+    assert cache.get("k", "v1", 10 * KIB, 130 * KIB) is None  # not all of it
+    assert cache.read_into("k", "v2", 0, memoryview(bytearray(10))) == []  # another version's pieces are not its
+    before = cache.usage()
+    cache.put("k", "v1", 20 * KIB, 90 * KIB, data[20 * KIB : 90 * KIB])  # covered already: not kept twice
+    assert cache.usage() == before
+
+
+def test_the_fewest_pieces_cover_a_range() -> None:
+    pieces = [(0, 10), (2, 30), (5, 20), (25, 40), (45, 50)]
+    assert covering(pieces, 0, 50) == [(0, 10, 0, 10), (2, 30, 10, 30), (25, 40, 30, 40), (45, 50, 45, 50)]
+    assert covering(pieces, 41, 44) == []
+    assert gaps(0, 50, [(0, 40), (45, 50)]) == [(40, 45)]
+    assert gaps(0, 100, [(10, 20), (22, 30)], bridge=5) == [(0, 10), (20, 22), (30, 100)]
+    assert gaps(0, 100, [(10, 20), (22, 30)], bridge=50) == [(0, 100)]  # gaps close together: one request
+
+
+def test_a_piece_not_of_the_size_its_name_says_is_ignored(tmp_path: Path) -> None:
+    cache = DiskCache(str(tmp_path / "c"))
+    cache.put("k", "v1", 0, 100 * KIB, piece(1))
+    [path] = [p for p in (tmp_path / "c").rglob("0-*")]
+    os.truncate(path, 50 * KIB)  # as a disk that lost its end
+    assert cache.get("k", "v1", 0, 10 * KIB) is None
 
 
 WRITER = """

@@ -1,4 +1,5 @@
-"""The header reader: one broken file per validation rule (README.md), every valid file shape, hostile headers."""
+"""The header reader: one broken file per validation rule (docs/validation.md), every valid file shape, hostile
+headers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from stfs import errors
-from stfs.format import DTYPE_BITS, MAX_HEADER_LENGTH, U64_MAX, Header
+from stfs.formats.safetensors import DTYPE_BITS, MAX_HEADER_LENGTH, U64_MAX, Header
 from stfs.model import read_header
 from tests.models import RAW_DTYPES, rich_arrays, tensor_bytes, write_header, write_numpy, write_raw
 
@@ -431,13 +432,20 @@ def test_directory_is_unreadable(tmp_path: Path) -> None:
 # -- valid files ------------------------------------------------------------------------------------------------------
 
 
+def document_bytes(path: str) -> bytes:
+    """The header bytes of a safetensors file, padding included."""
+    with open(path, "rb") as stream:
+        (length,) = struct.unpack("<Q", stream.read(8))
+        return stream.read(length)
+
+
 def check_against_file(header: Header, path: str) -> None:
     """Every entry of ``header`` agrees with the file read independently (struct + json)."""
     with open(path, "rb") as stream:
         (length,) = struct.unpack("<Q", stream.read(8))
         document = json.loads(stream.read(length))
-    assert header.header_length == length
     assert header.data_start == 8 + length
+    assert header.json_at == (8, len(document_bytes(path).rstrip(b" ")))
     assert header.file_size == os.path.getsize(path)
     assert header.data_size == header.file_size - 8 - length
     assert header.metadata == document.pop("__metadata__", {})
@@ -567,8 +575,7 @@ def test_zero_size_tensors_share_an_offset(tmp_path: Path) -> None:
 def test_trailing_space_padding(tmp_path: Path) -> None:
     body = json.dumps({"w": tensor("U8", [3], 0, 3)}, separators=(",", ":")).encode()
     header = read_header(broken(tmp_path, raw=body + b" " * 5, data=b"abc"))
-    assert header.header_length == len(body) + 5
-    assert header.json_length == len(body)
+    assert header.json_at == (8, len(body))
     assert header.data_start == 8 + len(body) + 5
     assert header.tensors[0].name == "w"
 
@@ -577,18 +584,19 @@ def test_padding_of_files_the_reference_writes(tmp_path: Path) -> None:
     path = write_numpy(str(tmp_path / "m.safetensors"), {"w": np.ones(3, np.float32)}, metadata={"k": "v"})
     header = read_header(path)
     with open(path, "rb") as stream:
-        raw = stream.read(8 + header.header_length)[8:]
-    assert header.header_length % 8 == 0  # the reference aligns the data section
-    assert header.json_length == len(raw.rstrip(b" "))
-    json.loads(raw[: header.json_length])
-    assert raw[header.json_length :] == b" " * (header.header_length - header.json_length)
+        raw = stream.read(header.data_start)[8:]
+    assert header.data_start % 8 == 0  # the reference aligns the data section
+    assert header.json_at == (8, len(raw.rstrip(b" ")))
+    json_length = header.json_at[1]
+    json.loads(raw[:json_length])
+    assert raw[json_length:] == b" " * (len(raw) - json_length)
 
 
 def test_other_whitespace_inside_and_after_json(tmp_path: Path) -> None:
     raw = b'{ "w" :\n\t{"dtype": "U8", "shape": [ 1 ], "data_offsets": [0,1]}\r\n}\n\t'
     header = read_header(broken(tmp_path, raw=raw, data=b"x"))
     assert header.tensors[0].name == "w"
-    assert header.json_length == len(raw)  # only spaces count as padding
+    assert header.json_at == (8, len(raw))  # only spaces count as padding
 
 
 def test_odd_names_are_kept_exactly(tmp_path: Path) -> None:

@@ -337,7 +337,7 @@ def test_o_keep_source_cache(mount: MountFn, tmp_path: Path) -> None:
 
 def test_o_direct_io_as_readme_says(mount: MountFn, tmp_path: Path) -> None:
     """libfuse's ``-o direct_io`` passes through: the bytes are the source's (``cmp``), a private ``mmap`` works and
-    a shared one fails with ENODEV, as README says."""
+    a shared one fails with ENODEV, as docs/choices.md says."""
     source = write_numpy(str(tmp_path / "m.safetensors"), {"w": np.arange(1 << 20, dtype=np.float32)})
     mnt = mount(source, options=["direct_io"])
     served = os.path.join(mnt, "files", "m.safetensors")

@@ -23,7 +23,7 @@ from PIL import Image
 
 from stfs.daemon import daemon_pid, mounted
 from stfs.decode import NATIVE
-from stfs.format import DTYPE_BITS, TensorEntry
+from stfs.formats.safetensors import DTYPE_BITS, TensorEntry
 from stfs.heatmap import png_size
 from stfs.summary import Finished, TensorBytes
 from stfs.tensor_stats import render, stats_size

@@ -1,4 +1,4 @@
-"""Models: SOURCE resolution, sharded-set rules (README.md, "Validation"), absolute offsets, the merged header."""
+"""Models: SOURCE resolution, sharded-set rules (docs/validation.md), absolute offsets, the merged header."""
 
 from __future__ import annotations
 

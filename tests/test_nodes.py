@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stfs.format import TensorEntry
+from stfs.formats.safetensors import TensorEntry
 from stfs.nodes import FileNode, Range, ShardData, clamp, pieces, read_into
 from stfs.sources import LocalFiles
 from tests.helpers import run, served_by

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stfs import errors
-from stfs.format import DTYPE_BITS, Header
+from stfs.formats.safetensors import DTYPE_BITS, Header
 from stfs.info import render_json, render_table, summarize
 from stfs.model import Model, read_header, resolve
 from stfs.views import merged_header
@@ -203,7 +203,7 @@ def test_json_value_replacement(
     write_header(path, None, raw=body + b" " * padding, data=b"\0" * max(0, DATA_SIZE + data_delta))
     header = read(path)
     if header is not None:
-        assert header.json_length == len(body)
+        assert header.json_at == (8, len(body))
     resolve_all(path)
 
 

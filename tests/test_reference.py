@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from scripts import fuzz_reference
 from stfs import errors
-from stfs.format import reference_number
+from stfs.formats.safetensors import reference_number
 from stfs.model import read_header
 from tests.models import write_header
 
@@ -189,7 +189,7 @@ def test_a_fault_before_a_syntax_error_is_the_one_named(tmp_path: Path, value: s
         assert refusal.tensor == ("a" if named is error else None)
 
 
-# -- repeated keys: what the reference refuses too, and where stfs is stricter (README.md, "Validation") ---------------
+# -- repeated keys: what the reference refuses too, and where stfs is stricter (docs/validation.md) ---------------
 
 ALSO_REFUSED = [  # (header, what stfs says): serde's "duplicate field" in the reference
     ('{"__metadata__":{},"__metadata__":{}}', "__metadata__ appears twice"),

@@ -19,7 +19,7 @@ import pytest
 
 from stfs.daemon import daemon_pid, mounted
 from stfs.decode import NATIVE
-from stfs.format import DTYPE_BITS
+from stfs.formats.safetensors import DTYPE_BITS
 from tests.decoding import every_code, parse_npy_header, reference
 from tests.helpers import MountFn, dd_whole, need_fuse, peak_rss_anon_while, rss_anon, run
 from tests.models import (

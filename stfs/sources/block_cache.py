@@ -168,6 +168,10 @@ class SlotCache:
                 merged[0] = (min(a, merged[0][0]), max(b, merged[0][1]))
         slot.ranges = sorted(merged)
 
+    def hold(self, slot: Slot) -> None:
+        """One more use of a slot already in use (its bytes still to be written elsewhere): ``release`` it."""
+        slot.users += 1
+
     def release(self, slot: Slot) -> None:
         slot.users -= 1
 

@@ -1,8 +1,11 @@
-"""Fetched pieces of remote files kept on disk across mounts (``--cache-dir``), within a bound (``--cache-dir-size``).
+"""Fetched ranges of remote files kept on disk across mounts (``--cache-dir``), within a bound (``--cache-dir-size``).
 
-A piece is a file ``DIR/<hash of key and version>/<lo>-<hi>``: keyed by object *and* version, so a
-changed object never hits an old piece. Written to a temporary name and renamed into place, so two
-daemons sharing DIR never see half a piece; a piece found is read whole or ignored.
+A piece is a file ``DIR/<hash of key and version>/<lo>-<hi>`` holding bytes ``[lo, hi)`` of one version of an
+object: every range a mount fetched, whatever its size (a tensor clipped out of a block, a whole block). Keyed by
+object *and* version, so a changed object never hits an old piece. A read takes what the pieces of its object
+cover (the fewest pieces that do, as rclone's VFS cache keeps a map of the ranges it holds per object) and fetches
+only the gaps. Pieces are written to a temporary name and renamed into place, so two daemons sharing DIR never
+see half a piece; a piece whose size is not what its name says is ignored.
 
 The bound holds across every daemon that shares DIR, through one small file, ``DIR/.stfs-usage``: the bytes
 of pieces DIR holds, read and written under an exclusive ``flock`` of it. A daemon that would take DIR past
@@ -21,15 +24,25 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
+
+from cachetools import LRUCache
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 10 << 30
 USAGE_FILE = ".stfs-usage"
 STALE_TEMPORARY = 600.0  # seconds: a temporary piece this old was left by a daemon that died writing it
+PIECE_NAME = re.compile(r"(\d+)-(\d+)")
+# A folder's mtime may not move for a change made within the same clock tick as a listing of it: a listing is
+# trusted only while the folder's mtime is this much older than the listing (as git trusts its index).
+MTIME_GRANULARITY_NS = 20_000_000
+LISTINGS = 4096  # objects whose listing of pieces a daemon keeps in memory
+
+Range = tuple[int, int]
 
 
 class DiskCache:
@@ -44,30 +57,68 @@ class DiskCache:
         os.close(os.open(os.path.join(self.folder, USAGE_FILE), os.O_RDWR | os.O_CREAT, 0o600))  # writable here?
         self._writing = threading.Lock()  # one piece at a time from this daemon (flock does not exclude threads)
         self.full = False  # the disk was full: no more pieces are written
+        self._listings: LRUCache[str, tuple[int, int, list[Range]]] = LRUCache(LISTINGS)
+        self._listings_lock = threading.Lock()
+
+    def _object(self, key: str, version: str) -> str:
+        digest = hashlib.sha256(f"{key}\0{version}".encode("utf-8", "surrogateescape")).hexdigest()[:40]
+        return os.path.join(self.folder, digest)
 
     def _path(self, key: str, version: str, lo: int, hi: int) -> str:
-        digest = hashlib.sha256(f"{key}\0{version}".encode("utf-8", "surrogateescape")).hexdigest()[:40]
-        return os.path.join(self.folder, digest, f"{lo}-{hi}")
+        return os.path.join(self._object(key, version), f"{lo}-{hi}")
+
+    def kept(self, key: str, version: str) -> list[Range]:
+        """The pieces of ``key`` at ``version`` that DIR holds, as ``(lo, hi)``, sorted."""
+        return list(self._listing(self._object(key, version))) if version else []
+
+    def read_into(self, key: str, version: str, lo: int, into: memoryview) -> list[Range]:
+        """Fill what the kept pieces cover of ``into`` (bytes ``[lo, lo + len(into))`` of ``key`` at ``version``);
+        the ranges filled, sorted and merged. The pieces read become the most recently used."""
+        if not version:
+            return []  # without a version a piece could be of any version: never kept, never used
+        folder = self._object(key, version)
+        filled: list[Range] = []
+        for piece_lo, piece_hi, start, end in covering(self._listing(folder), lo, lo + len(into)):
+            path = os.path.join(folder, f"{piece_lo}-{piece_hi}")
+            if _read_piece(path, piece_hi - piece_lo, start - piece_lo, into[start - lo : end - lo]):
+                if filled and filled[-1][1] == start:
+                    filled[-1] = (filled[-1][0], end)
+                else:
+                    filled.append((start, end))
+            else:  # evicted meanwhile, or not what its name says: list the folder again next time
+                with self._listings_lock:
+                    self._listings.pop(folder, None)
+        return filled
 
     def get(self, key: str, version: str, lo: int, hi: int) -> bytes | None:
-        """The piece ``[lo, hi)`` of ``key`` at ``version``, if some daemon kept it; it becomes the most recent."""
-        if not version:
-            return None  # without a version a piece could be of any version: never kept, never used
-        path = self._path(key, version, lo, hi)
+        """Bytes ``[lo, hi)`` of ``key`` at ``version`` if kept pieces cover them all, else ``None``."""
+        into = memoryview(bytearray(hi - lo))
+        return bytes(into) if self.read_into(key, version, lo, into) == [(lo, hi)] else None
+
+    def _listing(self, folder: str) -> list[Range]:
+        """The pieces in an object's folder, sorted; listed again only when the folder has changed."""
         try:
-            with open(path, "rb") as stream:
-                fcntl.flock(stream, fcntl.LOCK_SH)  # not deleted while read (an evictor's LOCK_EX fails)
-                data = stream.read(hi - lo + 1)
-                with contextlib.suppress(OSError):
-                    os.utime(stream.fileno())  # least recently used goes first: this one was just used
+            changed = os.stat(folder).st_mtime_ns
         except OSError:
-            return None
-        return data if len(data) == hi - lo else None
+            return []
+        with self._listings_lock:
+            known = self._listings.get(folder)
+        if known is not None and known[0] == changed and changed < known[1] - MTIME_GRANULARITY_NS:
+            return known[2]
+        listed_at = time.time_ns()
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return []
+        pieces = sorted((int(m[1]), int(m[2])) for m in map(PIECE_NAME.fullmatch, names) if m and int(m[1]) < int(m[2]))
+        with self._listings_lock:
+            self._listings[folder] = (changed, listed_at, pieces)
+        return pieces
 
     def put(self, key: str, version: str, lo: int, hi: int, data: bytes | memoryview) -> None:
-        """Keep a piece, making room for it; failures (a full disk) are logged, never raised: the cache is an
-        optimisation."""
-        if not version or self.full or len(data) > self.max_bytes:
+        """Keep bytes ``[lo, hi)`` as a piece (unless kept pieces cover them already), making room for it;
+        failures (a full disk) are logged, never raised: the cache is an optimisation."""
+        if not version or self.full or len(data) > self.max_bytes or lo >= hi:
             return
         path = self._path(key, version, lo, hi)
         with self._writing:
@@ -75,7 +126,7 @@ class DiskCache:
                 return
             temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
             try:
-                if os.path.exists(path):
+                if _covers(self._listing(os.path.dirname(path)), lo, hi):
                     return
                 self._write(temporary, data)
                 with self._usage() as usage:
@@ -184,3 +235,76 @@ class _Usage:
         data = f"{total}\n".encode()
         os.pwrite(self.fd, data, 0)
         os.ftruncate(self.fd, len(data))
+
+
+def covering(pieces: list[Range], lo: int, hi: int) -> list[tuple[int, int, int, int]]:
+    """The fewest of ``pieces`` (sorted) that cover what they can of ``[lo, hi)``: ``(piece_lo, piece_hi, start,
+    end)``, each used for ``[start, end)``, in order; what none covers is left out (a gap to fetch)."""
+    chosen: list[tuple[int, int, int, int]] = []
+    best: Range | None = None  # of the pieces starting at or before ``position``, the one reaching furthest
+    position, index = lo, 0
+    while position < hi:
+        while index < len(pieces) and pieces[index][0] <= position:
+            if best is None or pieces[index][1] > best[1]:
+                best = pieces[index]
+            index += 1
+        if best is None or best[1] <= position:  # a gap: on to the next piece that starts inside the range
+            if index >= len(pieces) or pieces[index][0] >= hi:
+                break
+            position = pieces[index][0]
+            continue
+        end = min(best[1], hi)
+        chosen.append((best[0], best[1], position, end))
+        position = end
+    return chosen
+
+
+def gaps(lo: int, hi: int, filled: list[Range], bridge: int = 0) -> list[Range]:
+    """The parts of ``[lo, hi)`` outside ``filled`` (sorted, disjoint); gaps less than ``bridge`` bytes apart are one
+    (one request for both is cheaper than two, the bytes between fetched again)."""
+    found: list[Range] = []
+    position = lo
+    for a, b in filled:
+        if a > position:
+            found.append((position, min(a, hi)))
+        position = max(position, b)
+        if position >= hi:
+            break
+    if position < hi:
+        found.append((position, hi))
+    merged: list[Range] = []
+    for a, b in found:
+        if merged and a - merged[-1][1] < bridge:
+            merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _covers(pieces: list[Range], lo: int, hi: int) -> bool:
+    return not gaps(lo, hi, [(start, end) for _, _, start, end in covering(pieces, lo, hi)])
+
+
+def _read_piece(path: str, size: int, offset: int, into: memoryview) -> bool:
+    """Fill ``into`` from ``offset`` of the piece at ``path``, whose size must be ``size``; whether it did."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # not deleted while read (an evictor's LOCK_EX fails)
+        if os.fstat(fd).st_size != size:
+            return False
+        done = 0
+        while done < len(into):
+            count = os.preadv(fd, [into[done:]], offset + done)
+            if count <= 0:
+                return False
+            done += count
+        with contextlib.suppress(OSError):
+            os.utime(fd)  # least recently used goes first: this one was just used
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

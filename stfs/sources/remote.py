@@ -11,7 +11,8 @@ URLs obstore presigns), else (an S3 object pinned by its VersionId) obstore too.
   changed object gives ``SourceChanged`` (EIO), never new bytes.
 * **Blocks**: a file is cut into ``block_size`` blocks at fixed offsets, each fetched into a slot of the
   block cache (``stfs.sources.block_cache``: one memfd, fixed slots, reused), clipped to the span being
-  read (a tensor) unless its reader reads the file in order; with a ``DiskCache``, to disk as well.
+  read (a tensor) unless its reader reads the file in order. With a ``DiskCache``, a fetch takes what the disk
+  holds of its range and asks the server for the gaps only; what it fetched goes to disk too, off the read path.
   Replies are spliced from the memfd (``splice_into``) or copied from it (``read_into``). Concurrent reads
   of one block share one fetch. With a reader of its own given (``share_blocks``: stfs._native), the bytes a
   read found in a slot, clipped to its span, are published to it, and it answers the next reads there itself.
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from .. import stopping
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, PAGE, FileInfo, Kind, SharedBlocks, SourceChanged
 from .block_cache import PASSED_SCAN, Slot, SlotCache
-from .disk_cache import DiskCache
+from .disk_cache import DiskCache, gaps
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ HEADER_PROOF = 2 * MIB  # the same from a header (the first read's bytes): dd of
 PREFAULT_EXTRA = 4  # slots faulted in at mount: twice the window and these (a reader's own, lent to pipes...)
 MAX_STREAMS = 8  # readers followed per file
 SMALLEST_GET = 256 << 10  # through obstore, the smallest GET on a slow link, and the least that tells a rate
+BRIDGE = 256 << 10  # gaps in what the disk cache holds closer than this are fetched in one request
+KEEP_WAIT = 10.0  # seconds a closing source waits for the pieces it is writing to the disk cache
 WORKERS = 16
 
 T = TypeVar("T")
@@ -230,6 +233,8 @@ class RemoteFiles:
         self._streams: dict[str, list[_Stream]] = {}  # key -> its readers, most recent last
         self._lent: dict[int, list[tuple[Slot, Any]]] = {}  # pipe -> the slots whose pages it holds
         self._pool: ThreadPoolExecutor | None = None
+        self._keep_pool: ThreadPoolExecutor | None = None
+        self._keeping = 0  # fetched ranges waiting to be written to the disk cache
         self._shared: SharedBlocks | None = None
         self._closed = False
         self.requests = 0
@@ -359,6 +364,11 @@ class RemoteFiles:
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._keep_pool is not None:  # what was fetched is kept: a mount after this one finds it
+            self._keep_pool.shutdown(wait=False)
+            deadline = time.monotonic() + KEEP_WAIT
+            while self._keeping and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     def transfer(self) -> dict[str, int]:
         """What went over the wire so far: requests (a HEAD counts) and body bytes."""
@@ -516,7 +526,7 @@ class RemoteFiles:
                     future = self._submit(pin, block, lo, hi)
             if future is None:
                 into = memoryview(bytearray(end - start))
-                self._retrying(partial(self._get_into, pin, start, into), pin, deadline)
+                self._fill(pin, start, into)
                 return bytes(into)
             self._wait(future, deadline)  # then look again: a fetch ends with its range filled
 
@@ -537,31 +547,52 @@ class RemoteFiles:
         return future
 
     def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot) -> None:
-        """Fill ``[lo, hi)`` of ``block``'s slot: from the disk cache, which keeps whole blocks only (pieces clipped
-        to tensors differ from one mount's order of reads to another's), else from the server."""
+        """Fill ``[lo, hi)`` of ``block``'s slot (``_fill``); what came from the server goes on to the disk cache
+        after the readers waiting for it have it (``_keep``), the slot held for it meanwhile."""
         cache = self._block_cache()
-        whole = self._bounds(pin, block, (0, pin.size))
         try:
-            kept = self.disk_cache.get(pin.key, pin.tag, *whole) if self.disk_cache else None
-            filled = (lo, hi)
-            if kept is not None:
-                filled = whole  # the same bytes wherever another fetch fills this slot meanwhile
-                start = cache.offset(slot, block, whole[0])
-                cache.view[start : start + whole[1] - whole[0]] = kept
-            else:
-                start = cache.offset(slot, block, lo)
-                into = cache.view[start : start + hi - lo]
-                self._retrying(lambda: self._get_into(pin, lo, into), pin, time.monotonic() + self.timeout)
+            start = cache.offset(slot, block, lo)
+            fetched = self._fill(pin, lo, cache.view[start : start + hi - lo])
             with self._lock:
-                cache.filled(slot, *filled)
-                complete = kept is None and slot.covering(whole[0]) == whole
-            if complete and self.disk_cache is not None:  # the slot is still used: not reused meanwhile
-                start = cache.offset(slot, block, whole[0])
-                self.disk_cache.put(pin.key, pin.tag, *whole, cache.view[start : start + whole[1] - whole[0]])
+                cache.filled(slot, lo, hi)
+                if fetched and self.disk_cache is not None and not self._closed:
+                    cache.hold(slot)
+                    self._keeping += 1
+                    self._keeper().submit(self._keep, pin, block, slot, fetched)
         finally:
             with self._lock:
                 cache.release(slot)
                 self._fetching.pop((pin.key, block, lo, hi), None)
+
+    def _fill(self, pin: _Pin, lo: int, into: memoryview) -> list[tuple[int, int]]:
+        """Fill ``into`` with the pinned version's bytes from ``lo``: what the disk cache holds of them from there,
+        the gaps from the server (gaps closer than ``BRIDGE`` as one request); the ranges fetched."""
+        kept = self.disk_cache.read_into(pin.key, pin.tag, lo, into) if self.disk_cache is not None else []
+        missing = gaps(lo, lo + len(into), kept, BRIDGE)
+        deadline = time.monotonic() + self.timeout
+        for a, b in missing:
+            self._retrying(partial(self._get_into, pin, a, into[a - lo : b - lo]), pin, deadline)
+        return missing
+
+    def _keep(self, pin: _Pin, block: int, slot: Slot, ranges: list[tuple[int, int]]) -> None:
+        """Write the ranges of ``block`` fetched into ``slot`` (held for this) to the disk cache, then let it go."""
+        cache = self._block_cache()
+        try:
+            for lo, hi in ranges:
+                if self.disk_cache is not None:
+                    start = cache.offset(slot, block, lo)
+                    self.disk_cache.put(pin.key, pin.tag, lo, hi, cache.view[start : start + hi - lo])
+        finally:
+            with self._lock:
+                cache.release(slot)
+                self._keeping -= 1
+
+    def _keeper(self) -> ThreadPoolExecutor:
+        """The one thread that writes to the disk cache (the lock is held): off the read path, one piece at a
+        time."""
+        if self._keep_pool is None:
+            self._keep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stfs-keep")
+        return self._keep_pool
 
     def _get_into(self, pin: _Pin, lo: int, into: memoryview) -> memoryview:
         """Fill ``into`` with the pinned version's bytes from ``lo``: read straight into it where the transport has

@@ -1,4 +1,4 @@
-"""The safetensors file format: read a header and enforce every validation rule (README.md, "Validation").
+"""The safetensors file format: read a header and enforce every validation rule (docs/validation.md).
 
 Pure: a header comes through a range fetcher (``fetch(offset, size) -> bytes``), in one or two
 reads (the 8-byte length, then the JSON header), never the data section; no I/O of its own.
@@ -12,14 +12,14 @@ import math
 import re
 import struct
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import errors
+from .. import errors
+from .base import Header, RangeFetcher, TensorEntry
 
 MAX_HEADER_LENGTH = 100_000_000
-RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
 U64_MAX = 2**64 - 1
 
 # The 22 dtypes of safetensors 0.8 and their widths in bits.
@@ -47,47 +47,6 @@ DTYPE_BITS: Mapping[str, int] = {
     "I64": 64,
     "U64": 64,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
-    """One tensor of a header; ``begin``/``end`` are relative to the data section."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.begin
-
-    @property
-    def parameters(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True, slots=True)
-class Header:
-    """A validated safetensors header of the file at ``path``."""
-
-    path: str
-    header_length: int
-    json_length: int  # header bytes less trailing padding
-    file_size: int
-    mtime_ns: int
-    tensors: tuple[TensorEntry, ...]  # in the order the header lists them
-    metadata: Mapping[str, str]
-    digest: bytes  # of the header bytes: tells two headers apart (diagnostics)
-
-    @property
-    def data_start(self) -> int:
-        return 8 + self.header_length
-
-    @property
-    def data_size(self) -> int:
-        return self.file_size - self.data_start
 
 
 def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 8) -> Header:
@@ -142,13 +101,13 @@ def parse_header(raw: bytes, *, path: str, file_size: int, mtime_ns: int = 0) ->
         raise
     return Header(
         path=path,
-        header_length=len(raw),
-        json_length=len(raw.rstrip(b" ")),
         file_size=file_size,
         mtime_ns=mtime_ns,
         tensors=entries,
         metadata=metadata,
         digest=header_digest(raw),
+        data_start=8 + len(raw),
+        json_at=(8, len(raw.rstrip(b" "))),  # trailing padding is not JSON
     )
 
 

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Reading a GGUF header with a Qwen-sized vocabulary: gguf-py's ``GGUFReader(path)`` against stfs's parser.
+
+    flock /work/notes/bench.lock python3 scripts/bench_gguf_header.py [--vocab 151936] [--rounds 5]
+
+Writes (with GGUFWriter) a GGUF holding a 151,936-token vocabulary as Qwen2's GGUFs carry it (tokens, scores,
+token_type, merges), some model keys and a few small tensors; then, in one run, alternating, times
+``GGUFReader(path)``, ``stfs.formats.gguf.read_header`` over ``os.pread`` (the requests it makes as it
+grows its reads), and ``header_json`` on the result. Prints the medians side by side and the ratios
+stfs / gguf-py (the SPEC §11 target for a mount's ready: at most 0.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter  # noqa: E402
+
+from stfs.formats import gguf as stfs_gguf  # noqa: E402
+
+
+def token(rng: np.random.Generator, i: int) -> str:
+    # Byte-level BPE tokens as Qwen2's vocabulary spells them: mostly short ASCII pieces, some with Ġ and Ċ.
+    length = int(rng.integers(1, 12))
+    letters = "".join(chr(int(c)) for c in rng.integers(97, 123, size=length))
+    return ("Ġ" if i % 3 == 0 else "") + letters + ("Ċ" if i % 97 == 0 else "") + str(i % 10)
+
+
+def write_model(path: str, vocab: int) -> None:
+    rng = np.random.default_rng(0)
+    writer = GGUFWriter(path, "qwen2")
+    writer.add_name("bench")
+    writer.add_context_length(32768)
+    writer.add_embedding_length(896)
+    writer.add_block_count(24)
+    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32("qwen2.rope.freq_base", 1000000.0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    tokens = [token(rng, i) for i in range(vocab)]
+    writer.add_token_list(tokens)
+    writer.add_token_scores([float(-i) for i in range(vocab)])
+    writer.add_token_types([int(t) for t in rng.integers(1, 4, size=vocab)])
+    writer.add_token_merges([f"{tokens[i]} {tokens[i + 1]}" for i in range(0, vocab - 1, 1)])
+    writer.add_eos_token_id(151643)
+    for layer in range(4):
+        writer.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(896, dtype=np.float32))
+        writer.add_tensor(
+            f"blk.{layer}.attn_q.weight",
+            np.zeros((896, 896 // 32 * 34), dtype=np.uint8),
+            raw_dtype=GGMLQuantizationType.Q8_0,
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def time_gguf_py(path: str) -> float:
+    started = time.perf_counter()
+    reader = GGUFReader(path)
+    elapsed = time.perf_counter() - started
+    assert len(reader.tensors) == 8
+    return elapsed
+
+
+def time_stfs(path: str) -> tuple[float, float, int, int]:
+    """Seconds to read the header, seconds to make header.json from it, requests and bytes read."""
+    requests = [0, 0]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        def read(offset: int, size: int) -> bytes:
+            requests[0] += 1
+            requests[1] += size
+            return os.pread(fd, size, offset)
+
+        started = time.perf_counter()
+        header = stfs_gguf.read_header(read, os.fstat(fd).st_size, path=path)
+        parsed = time.perf_counter() - started
+        started = time.perf_counter()
+        text = stfs_gguf.header_json(header)
+        rendered = time.perf_counter() - started
+    finally:
+        os.close(fd)
+    assert len(header.tensors) == 8 and text.startswith(b'{"__metadata__"')
+    return parsed, rendered, requests[0], requests[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="stfs-bench-gguf-", dir=os.environ.get("TMPDIR")) as work:
+        path = os.path.join(work, "vocab.gguf")
+        write_model(path, args.vocab)
+        size = os.path.getsize(path)
+        reference, parse, render = [], [], []
+        requests = read_bytes = 0
+        time_gguf_py(path)  # warm: the page cache and both imports
+        time_stfs(path)
+        for _ in range(args.rounds):
+            reference.append(time_gguf_py(path))
+            parsed, rendered, requests, read_bytes = time_stfs(path)
+            parse.append(parsed)
+            render.append(rendered)
+        with open(path, "rb") as stream:
+            head = stfs_gguf.read_header(lambda o, n: os.pread(stream.fileno(), n, o), size, path=path)
+        ref, ours, json_s = statistics.median(reference), statistics.median(parse), statistics.median(render)
+        print(f"file: {size} bytes, header {head.data_offset} bytes, vocabulary {args.vocab} tokens")
+        print(f"{'gguf-py GGUFReader(path)':<36} {ref * 1000:9.1f} ms")
+        print(f"{'stfs read_header':<36} {ours * 1000:9.1f} ms   ratio {ours / ref:.3f}")
+        both = ours + json_s
+        print(f"{'stfs read_header + header_json':<36} {both * 1000:9.1f} ms   ratio {both / ref:.3f}")
+        bound = 2 * head.data_offset + (2 << 20)
+        print(f"stfs reads: {requests} requests, {read_bytes} bytes (2 x header + 2 MiB = {bound})")
+        print(f"medians of {args.rounds} rounds, alternating, warm page cache")
+
+
+if __name__ == "__main__":
+    main()

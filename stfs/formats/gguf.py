@@ -1,0 +1,747 @@
+"""GGUF, llama.cpp's model format: read a header through a range reader and enforce llama.cpp's rules (SPEC §11).
+
+Pure: bytes come through ``read(offset, size)``, no I/O of its own. The checks run in the order llama.cpp's
+``gguf_init_from_reader`` (``ggml/src/gguf.cpp``) reads the file, then the model loader's bound on each
+tensor's bytes; each refusal is its own ``errors.GgufError`` naming the file, the tensor and the rule.
+
+A GGUF header has no length prefix: ``parse_header`` takes a prefix of the file and raises ``HeaderIncomplete``
+with a lower bound on the header's end when the prefix is too short; ``read_header`` grows the prefix so that
+a remote header costs at most 4 requests and twice its bytes plus 2 MiB (for headers up to 30 MiB; more
+only where the header is larger still), and never reaches past the bytes that bound needs.
+
+Layout (v2 and v3): ``GGUF``, u32 version, u64 tensor count, u64 key/value count, the key/values, the tensor
+infos, zero padding to the alignment, the data section. Strings are a u64 length and their bytes. The type
+table (names, block sizes) is the ``gguf`` package's, never a copy of it.
+
+Where the SPEC is silent, as llama.cpp reads it: a tensor with no dimensions (n_dims 0) is one element, shape
+``[]``; names are compared as C strings for duplicates (``a\\0x`` and ``a\\0y`` are one name to ggml); a bool is
+true for any byte but 0. Names and strings that are not UTF-8 keep their bytes as surrogate escapes
+(``os.fsdecode``'s convention): a ``metadata/`` string file holds the bytes, JSON the ``\\udcXX`` escape. JSON has
+no NaN or infinity: those float values are the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from .. import errors
+from .base import RangeFetcher
+
+MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_STRING_LENGTH = 1 << 30  # GGUF_MAX_STRING_LENGTH
+MAX_ARRAY_ELEMENTS = 1 << 30  # GGUF_MAX_ARRAY_ELEMENTS
+MAX_NAME = 64  # GGML_MAX_NAME, the NUL included: a name has at most 63 bytes
+MAX_DIMS = 4  # GGML_MAX_DIMS
+INT64_MAX = 2**63 - 1
+SIZE_MAX = 2**64 - 1
+FIRST_READ = 2 << 20  # the first request; each later one at most doubles what was read, plus this
+ALIGNMENT_KEY = "general.alignment"
+
+# The least bytes each thing can take, for the bounds on what the bytes left can hold.
+_MIN_KV = 8 + 1 + 4 + 1  # a one-byte key, its type, a one-byte value
+_MIN_TENSOR_INFO = 8 + 4 + 4 + 8  # an empty name, n_dims 0, the type, the offset
+
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+
+# GGUF's value types (gguf_type): the scalar ones' sizes and numpy dtypes. 8 (string) and 9 (array) are not scalars.
+_SCALARS: Mapping[int, tuple[str, int]] = {
+    GGUFValueType.UINT8: ("<u1", 1),
+    GGUFValueType.INT8: ("<i1", 1),
+    GGUFValueType.UINT16: ("<u2", 2),
+    GGUFValueType.INT16: ("<i2", 2),
+    GGUFValueType.UINT32: ("<u4", 4),
+    GGUFValueType.INT32: ("<i4", 4),
+    GGUFValueType.FLOAT32: ("<f4", 4),
+    GGUFValueType.BOOL: ("<u1", 1),
+    GGUFValueType.UINT64: ("<u8", 8),
+    GGUFValueType.INT64: ("<i8", 8),
+    GGUFValueType.FLOAT64: ("<f8", 8),
+}
+# As llama.cpp's GGUF_TYPE_NAME spells them, for messages and ``KeyValue.type_name``.
+_VALUE_TYPE_NAMES: Mapping[int, str] = dict(
+    enumerate(("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64"))
+)
+
+# GGML types whose stored bytes numpy reads as they are (GGUFReader's ``data`` dtypes for them).
+_NUMPY_DTYPES: Mapping[str, str] = {
+    "F32": "<f4",
+    "F16": "<f2",
+    "F64": "<f8",
+    "I8": "<i1",
+    "I16": "<i2",
+    "I32": "<i4",
+    "I64": "<i8",
+}
+
+KvValue = Union[int, float, bool, str, np.ndarray, list[str]]  # noqa: UP007 (a runtime alias under py3.10)
+
+
+@dataclass(frozen=True, slots=True)
+class GgmlType:
+    """A GGML tensor type as the ``gguf`` package knows it: ``block_size`` elements take ``type_size`` bytes."""
+
+    id: int
+    name: str  # as gguf-py spells it: F32, Q4_K, IQ2_XXS
+    block_size: int
+    type_size: int
+    numpy_dtype: str | None  # the dtype numpy reads the stored bytes as (F32, F16, F64, I8-I64); None otherwise
+
+    def nbytes(self, elements: int) -> int:
+        """Bytes of ``elements`` values (a multiple of ``block_size``)."""
+        return elements // self.block_size * self.type_size
+
+    @property
+    def dequantizable(self) -> bool:
+        """Whether ``gguf.quants.dequantize`` decodes this type to float32."""
+        return _dequantizable(self.id)
+
+
+GGML_TYPES: Mapping[int, GgmlType] = {
+    int(t): GgmlType(int(t), t.name, *GGML_QUANT_SIZES[t], _NUMPY_DTYPES.get(t.name))
+    for t in GGMLQuantizationType
+    if t in GGML_QUANT_SIZES
+}
+_TYPES_BY_NAME: Mapping[str, GgmlType] = {t.name: t for t in GGML_TYPES.values()}
+
+
+def ggml_type(key: int | str) -> GgmlType:
+    """The GGML type of id or name ``key`` (``12`` or ``"Q4_K"``); ``KeyError`` for one gguf does not know."""
+    found = GGML_TYPES.get(key) if isinstance(key, int) else _TYPES_BY_NAME.get(key)
+    if found is None:
+        raise KeyError(key)
+    return found
+
+
+@functools.cache
+def _dequantizable(type_id: int) -> bool:
+    # Asked of the package itself, on one block of zeros: its list of decoders is private and changes by version.
+    from gguf import quants
+
+    kind = GGML_TYPES[type_id]
+    try:
+        out = quants.dequantize(np.zeros((1, kind.type_size), dtype=np.uint8), GGMLQuantizationType(type_id))
+    except NotImplementedError:
+        return False
+    return bool(out.dtype == np.float32 and out.size == kind.block_size)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KeyValue:
+    """One key/value pair. ``type`` is GGUF's value type (0-12); an array has ``type`` 9 and its ``item_type``.
+
+    Values: ints exact, bools, floats (a float32's exact value as a Python float), strings (bytes that are not
+    UTF-8 kept as surrogate escapes, ``os.fsdecode``'s convention); arrays of numbers or bools as numpy arrays,
+    arrays of strings as lists.
+    """
+
+    key: str
+    type: int
+    value: KvValue
+    item_type: int | None = None
+
+    @property
+    def type_name(self) -> str:
+        """``u32``, ``str``, ``f32``, ... and ``arr[str]`` for an array."""
+        if self.item_type is None:
+            return _VALUE_TYPE_NAMES[self.type]
+        return f"arr[{_VALUE_TYPE_NAMES[self.item_type]}]"
+
+
+@dataclass(frozen=True, slots=True)
+class GgufTensor:
+    """One tensor: ``shape`` in C order (GGUF's dimensions reversed); ``offset`` relative to the data section."""
+
+    name: str
+    type: GgmlType
+    dims: tuple[int, ...]  # as stored, fastest-varying first (ggml's ne)
+    offset: int
+    nbytes: int
+    file_offset: int  # absolute: the data section's start + offset
+
+    @property
+    def dtype(self) -> str:
+        return self.type.name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.dims[::-1]
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.dims)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GgufHeader:
+    """A validated GGUF header of the ``file_size``-byte file ``path``."""
+
+    path: str
+    version: int
+    file_size: int
+    alignment: int
+    header_size: int  # bytes from the magic to the end of the tensor infos
+    data_offset: int  # where the data section starts: header_size padded to the alignment (if there are tensors)
+    metadata: Mapping[str, KeyValue]  # in file order
+    tensors: tuple[GgufTensor, ...]  # in file order
+
+    @property
+    def data_size(self) -> int:
+        """Bytes of the data section up to the end of the last tensor."""
+        return max((t.offset + t.nbytes for t in self.tensors), default=0)
+
+
+class HeaderIncomplete(Exception):
+    """The prefix given to ``parse_header`` ends inside the header, which needs at least ``need`` bytes."""
+
+    def __init__(self, need: int) -> None:
+        super().__init__(f"the header needs at least {need} bytes")
+        self.need = need
+
+
+def read_header(read: RangeFetcher, file_size: int, *, path: str, first_read: int = FIRST_READ) -> GgufHeader:
+    """Read and validate the header of the ``file_size``-byte file ``path`` through ``read(offset, size)``.
+
+    Reads grow: ``first_read`` bytes, then up to ``max(2 * read so far, 2 * the header's lower bound) + 2 MiB``
+    in all, each request asking only for bytes not yet read. With the default ``first_read``, a header of H
+    bytes costs at most 2 H + 2 MiB bytes, and at most 4 requests when H is at most 30 MiB. A local caller may
+    pass a larger ``first_read`` (or the file size) to parse once.
+    """
+    have = b""
+    want = min(file_size, max(first_read, 4))
+    while True:
+        if want > len(have):
+            have += read(len(have), want - len(have))
+            if len(have) < want:
+                raise errors.GgufTruncated(
+                    path, f"the file ended after {len(have)} bytes, short of the {file_size} its size says"
+                )
+        try:
+            return parse_header(have, file_size=file_size, path=path)
+        except HeaderIncomplete as more:
+            want = min(file_size, max(2 * len(have), 2 * more.need) + FIRST_READ)
+
+
+def parse_header(buf: bytes, *, file_size: int, path: str) -> GgufHeader:
+    """Validate the header in ``buf``, the first bytes of the ``file_size``-byte file ``path``.
+
+    Raises ``HeaderIncomplete`` when ``buf`` ends inside the header (and is shorter than the file), else the
+    ``errors.GgufError`` of the first rule the file breaks, in llama.cpp's order.
+    """
+    return _Parser(buf, file_size, path).parse()
+
+
+class _Parser:
+    """One pass over a header prefix, as ``gguf_init_from_reader`` reads it."""
+
+    def __init__(self, buf: bytes, file_size: int, path: str) -> None:
+        self.buf = buf
+        self.end = min(len(self.buf), file_size)
+        self.file_size = file_size
+        self.path = path
+        self.pos = 0
+        # What must still follow the current item, for the lower bound HeaderIncomplete reports.
+        self.kv_left = 0
+        self.tensors_left = 0
+        self.items_left = 0  # of the array being read, at 8 bytes each at least
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def _rest(self) -> int:
+        return self.kv_left * _MIN_KV + self.tensors_left * _MIN_TENSOR_INFO + self.items_left * 8
+
+    def _need(self, size: int, what: str) -> None:
+        """Make sure ``size`` bytes from ``pos`` are in the buffer; ``what`` names them if the file ends first."""
+        stop = self.pos + size
+        if stop <= self.end:
+            return
+        if stop > self.file_size:
+            raise errors.GgufTruncated(
+                self.path, f"the {self.file_size}-byte file ends inside {what} (at byte {self.pos}, {size} needed)"
+            )
+        raise HeaderIncomplete(stop + self._rest())
+
+    def _int(self, codec: struct.Struct, what: str) -> int:
+        """The integer ``codec`` reads at ``pos`` (``_U32``, ``_I32``, ``_U64``, ``_I64``)."""
+        self._need(codec.size, what)
+        (value,) = codec.unpack_from(self.buf, self.pos)
+        self.pos += codec.size
+        return int(value)
+
+    def _string_length(self, what: str, tensor: str | None = None) -> int:
+        length = self._int(_U64, f"the length of {what}")
+        if length > MAX_STRING_LENGTH:
+            raise errors.StringTooLong(self.path, f"{what} is {length} bytes, over the 1 GiB limit", tensor)
+        if length > self.file_size - self.pos:
+            raise errors.StringTooLong(
+                self.path, f"{what} is {length} bytes, more than the {self.file_size - self.pos} left", tensor
+            )
+        return length
+
+    def _string_bytes(self, what: str, tensor: str | None = None) -> bytes:
+        length = self._string_length(what, tensor)
+        self._need(length, what)
+        raw = self.buf[self.pos : self.pos + length]
+        self.pos += length
+        return raw
+
+    def _string(self, what: str) -> str:
+        return self._string_bytes(what).decode("utf-8", "surrogateescape")
+
+    # -- the header ------------------------------------------------------------------------------------------
+
+    def parse(self) -> GgufHeader:
+        path = self.path
+        self._need(4, "the magic")
+        magic = self.buf[:4]
+        if magic != MAGIC:
+            raise errors.InvalidMagic(path, f"the file starts with {magic!r}, not {MAGIC!r}")
+        self.pos = 4
+        version = self._version()
+        n_tensors = self._int(_I64, "the tensor count")
+        if n_tensors < 0:
+            raise errors.InvalidCount(path, f"tensor count {n_tensors} is negative (as llama.cpp's i64)")
+        n_kv = self._int(_I64, "the key/value count")
+        if n_kv < 0:
+            raise errors.InvalidCount(path, f"key/value count {n_kv} is negative (as llama.cpp's i64)")
+        left = self.file_size - self.pos
+        if n_kv * _MIN_KV > left:
+            raise errors.InvalidCount(
+                path, f"{n_kv} key/values need at least {n_kv * _MIN_KV} bytes, the file has {left} left"
+            )
+        if n_kv * _MIN_KV + n_tensors * _MIN_TENSOR_INFO > left:
+            raise errors.InvalidCount(
+                path,
+                f"{n_tensors} tensor infos need at least {n_tensors * _MIN_TENSOR_INFO} bytes after the key/values, "
+                f"the file has {left} left",
+            )
+        self.tensors_left = n_tensors
+        metadata = self._key_values(n_kv)
+        alignment = self._alignment(metadata)
+        tensors_read = self._tensor_infos(n_tensors)
+        header_size = self.pos
+        data_offset = _pad(header_size, alignment) if n_tensors > 0 else header_size
+        if data_offset > self.file_size:
+            raise errors.DataSectionOutOfFile(
+                path,
+                f"the data section would start at byte {data_offset}, past the end of the {self.file_size}-byte file",
+            )
+        tensors = self._offsets(tensors_read, alignment, data_offset)
+        return GgufHeader(path, version, self.file_size, alignment, header_size, data_offset, metadata, tensors)
+
+    def _version(self) -> int:
+        version = self._int(_U32, "the version")
+        if version == 0:
+            raise errors.UnsupportedVersion(self.path, "version 0 is not a GGUF version")
+        if version & 0xFFFF == 0:
+            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+            raise errors.BigEndianFile(
+                self.path, f"the version reads {version:#010x}: a big-endian file (version {swapped} byte-swapped)"
+            )
+        if version == 1:
+            raise errors.ObsoleteVersion(self.path, "version 1 is obsolete (llama.cpp reads versions 2 and 3)")
+        if version > 3:
+            raise errors.UnsupportedVersion(self.path, f"version {version} is newer than 3, the latest llama.cpp reads")
+        return version
+
+    def _key_values(self, count: int) -> dict[str, KeyValue]:
+        found: dict[str, KeyValue] = {}
+        for i in range(count):
+            self.kv_left = count - i - 1
+            key = self._string(f"key {i}")
+            if not key:
+                raise errors.EmptyKey(self.path, f"key {i} is empty")
+            if key in found:
+                raise errors.DuplicateKvKey(self.path, f"key {key!r} appears twice (key {i})")
+            kind = self._int(_I32, f"the type of key {key!r}")
+            if kind == GGUFValueType.ARRAY:
+                item = self._int(_I32, f"the element type of key {key!r}")
+                length = self._int(_U64, f"the length of key {key!r}")
+                found[key] = KeyValue(key, kind, self._array(key, item, length), item)
+            else:
+                found[key] = KeyValue(key, kind, self._scalar(key, kind))
+        self.kv_left = 0
+        return found
+
+    def _scalar(self, key: str, kind: int) -> KvValue:
+        if kind == GGUFValueType.STRING:
+            return self._string(f"the value of key {key!r}")
+        scalar = _SCALARS.get(kind)
+        if scalar is None:
+            raise errors.InvalidKvType(self.path, f"key {key!r} has type {kind}, not one of GGUF's 0-12")
+        dtype, size = scalar
+        self._need(size, f"the value of key {key!r}")
+        value = np.frombuffer(self.buf, dtype=dtype, count=1, offset=self.pos)[0]
+        self.pos += size
+        if kind == GGUFValueType.BOOL:
+            return bool(value != 0)  # llama.cpp: any byte but 0 is true
+        item: int | float = value.item()
+        return item
+
+    def _array(self, key: str, item: int, length: int) -> KvValue:
+        if item == GGUFValueType.ARRAY:
+            raise errors.InvalidKvType(self.path, f"key {key!r} is an array of arrays, which llama.cpp does not read")
+        if item != GGUFValueType.STRING and item not in _SCALARS:
+            raise errors.InvalidKvType(self.path, f"key {key!r} is an array of type {item}, not one of GGUF's 0-12")
+        if length > MAX_ARRAY_ELEMENTS:
+            raise errors.ArrayTooLong(self.path, f"key {key!r} has {length} elements, over the limit of 2^30")
+        item_size = 8 if item == GGUFValueType.STRING else _SCALARS[item][1]
+        left = self.file_size - self.pos
+        if length * item_size > left:
+            raise errors.ArrayTooLong(
+                self.path,
+                f"key {key!r} has {length} elements of at least {item_size} bytes, more than the {left} bytes left",
+            )
+        if item == GGUFValueType.STRING:
+            return self._strings(key, length)
+        dtype, size = _SCALARS[item]
+        self._need(length * size, f"the value of key {key!r}")
+        values = np.frombuffer(self.buf, dtype=dtype, count=length, offset=self.pos).copy()
+        self.pos += length * size
+        if item == GGUFValueType.BOOL:
+            return values != 0
+        return values.astype(values.dtype.newbyteorder("="), copy=False)
+
+    def _strings(self, key: str, count: int) -> list[str]:
+        """An array of ``count`` strings: a vocabulary, so the fast path walks the lengths in one tight loop and
+        decodes every string in one call; anything odd (or a prefix that ends inside) takes the checked loop."""
+        if count == 0:
+            return []
+        buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
+        starts: list[int] = []
+        mark = starts.append
+        try:
+            for _ in range(count):
+                mark(pos)
+                pos += 8 + unpack(buf, pos)[0]
+        except (struct.error, OverflowError):  # a length took pos past the buffer: that element was not read
+            pos = starts.pop()
+        walked = len(starts)
+        stops = np.array([*starts[1:], min(pos, self.end + 1)], dtype=np.int64)
+        bad = (stops > self.end) | (stops - np.array(starts, dtype=np.int64) - 8 > MAX_STRING_LENGTH)
+        if walked < count or bad.any():
+            first = int(np.argmax(bad)) if bad.any() else walked
+            self._strings_checked(key, count, first, starts[first] if first < walked else pos)
+            return self._strings_checked(key, count, 0, self.pos)  # not reached: the checked loop refuses
+        out = _decode_all(buf, np.array(starts, dtype=np.int64), pos)
+        if len(out) != count:  # a string held the separator byte: decode one by one
+            out = self._strings_checked(key, count, 0, self.pos)
+        self.pos = pos
+        return out
+
+    def _strings_checked(self, key: str, count: int, first: int, pos: int) -> list[str]:
+        """Elements ``first``.. of a string array from ``pos``, every rule checked as llama.cpp reads them."""
+        buf, end, file_size, unpack = self.buf, self.end, self.file_size, _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for j in range(first, count):
+            if pos + 8 > end:
+                self.pos, self.items_left = pos, count - j - 1
+                self._need(8, f"the length of element {j} of key {key!r}")
+            (length,) = unpack(buf, pos)
+            pos += 8
+            if length > MAX_STRING_LENGTH or length > file_size - pos:
+                self.pos = pos - 8
+                self._string_length(f"element {j} of key {key!r}")
+            if pos + length > end:
+                self.pos, self.items_left = pos, count - j - 1
+                self._need(length, f"element {j} of key {key!r}")
+            append(buf[pos : pos + length].decode("utf-8", "surrogateescape"))
+            pos += length
+        self.pos, self.items_left = pos, 0
+        return out
+
+    def _alignment(self, metadata: Mapping[str, KeyValue]) -> int:
+        found = metadata.get(ALIGNMENT_KEY)
+        if found is None:
+            return DEFAULT_ALIGNMENT
+        if found.type != GGUFValueType.UINT32:
+            raise errors.InvalidAlignment(self.path, f"{ALIGNMENT_KEY!r} is of type {found.type_name}, not u32")
+        alignment = found.value
+        assert isinstance(alignment, int)
+        if alignment == 0 or alignment & (alignment - 1):
+            raise errors.InvalidAlignment(self.path, f"{ALIGNMENT_KEY!r} is {alignment}, not a power of two")
+        return alignment
+
+    def _tensor_infos(self, count: int) -> list[tuple[str, GgmlType, tuple[int, ...], int]]:
+        infos: list[tuple[str, GgmlType, tuple[int, ...], int]] = []
+        seen: set[bytes] = set()
+        for i in range(count):
+            self.tensors_left = count - i - 1
+            raw = self._string_bytes(f"the name of tensor {i}")
+            name = raw.decode("utf-8", "surrogateescape")
+            if len(raw) >= MAX_NAME:
+                raise errors.TensorNameTooLong(self.path, f"the name is {len(raw)} bytes, not under {MAX_NAME}", name)
+            c_name = raw.split(b"\0", 1)[0]  # ggml keeps a name as a C string
+            if c_name in seen:
+                raise errors.DuplicateTensorName(self.path, f"tensor {i} repeats the name of an earlier one", name)
+            seen.add(c_name)
+            n_dims = self._int(_U32, f"the dimension count of tensor {name!r}")
+            if n_dims > MAX_DIMS:
+                raise errors.InvalidDimensions(self.path, f"{n_dims} dimensions, more than {MAX_DIMS}", name)
+            dims: tuple[int, ...] = ()
+            for j in range(n_dims):
+                extent = self._int(_I64, f"dimension {j} of tensor {name!r}")
+                if extent < 0:
+                    raise errors.InvalidDimensions(self.path, f"dimension {j} is {extent}, negative", name)
+                dims += (extent,)
+            ne = dims + (1,) * (MAX_DIMS - n_dims)
+            if math.prod(ne) > 0 and (
+                INT64_MAX // ne[1] <= ne[0]
+                or INT64_MAX // ne[2] <= ne[0] * ne[1]
+                or INT64_MAX // ne[3] <= ne[0] * ne[1] * ne[2]
+            ):
+                raise errors.GgufOverflow(self.path, f"dimensions {list(dims)} hold 2^63 - 1 elements or more", name)
+            type_id = self._int(_I32, f"the type of tensor {name!r}")
+            kind = GGML_TYPES.get(type_id)
+            if kind is None:
+                raise errors.UnknownGgmlType(self.path, f"type {type_id} is not a GGML type gguf 0.19 knows", name)
+            if ne[0] % kind.block_size:
+                raise errors.RowNotBlockMultiple(
+                    self.path,
+                    f"its first dimension {ne[0]} is not a multiple of {kind.name}'s block of {kind.block_size}",
+                    name,
+                )
+            elements = math.prod(ne)
+            if elements // kind.block_size > SIZE_MAX // kind.type_size:
+                raise errors.GgufOverflow(self.path, f"{elements} {kind.name} elements take 2^64 bytes or more", name)
+            offset = self._int(_U64, f"the offset of tensor {name!r}")
+            infos.append((name, kind, dims, offset))
+        self.tensors_left = 0
+        return infos
+
+    def _offsets(
+        self, infos: list[tuple[str, GgmlType, tuple[int, ...], int]], alignment: int, data_offset: int
+    ) -> tuple[GgufTensor, ...]:
+        tensors: list[GgufTensor] = []
+        expected = 0
+        for name, kind, dims, offset in infos:
+            if offset != expected:
+                raise errors.TensorOffsetMismatch(
+                    self.path,
+                    f"offset {offset}, where the padded sizes of the tensors before it add up to {expected}",
+                    name,
+                )
+            nbytes = kind.nbytes(math.prod(dims))
+            padded = _pad(nbytes, alignment)
+            if expected + padded > SIZE_MAX:
+                raise errors.GgufOverflow(self.path, f"the data section's size passes 2^64 at {nbytes} bytes", name)
+            expected += padded
+            tensors.append(GgufTensor(name, kind, dims, offset, nbytes, data_offset + offset))
+        # llama.cpp's model loader: every tensor's bytes inside the file.
+        for tensor in tensors:
+            stop = tensor.file_offset + tensor.nbytes
+            if stop > self.file_size:
+                raise errors.TensorOutOfFile(
+                    self.path,
+                    f"its bytes {tensor.file_offset}-{stop} run past the end of the {self.file_size}-byte file",
+                    tensor.name,
+                )
+        return tuple(tensors)
+
+
+def _decode_all(buf: bytes, starts: np.ndarray, stop: int) -> list[str]:
+    """The strings whose u64 lengths sit at ``starts`` (back to back, the last ending at ``stop``), decoded as
+    UTF-8 (surrogate escapes for other bytes) in one call: each length's last byte becomes 0xFF, a byte UTF-8
+    never holds, its other 7 go, and the text splits at the escapes of that byte. A string holding 0xFF itself
+    splits in two; the caller sees the count differ."""
+    base = int(starts[0])
+    region = np.frombuffer(buf, dtype=np.uint8, count=stop - base, offset=base).copy()
+    local = starts - base
+    cut = np.zeros(len(region) + 1, dtype=np.int8)
+    cut[local] = 1
+    cut[local + 7] = -1
+    region[local + 7] = 0xFF
+    kept = region[np.cumsum(cut[:-1], dtype=np.int8) == 0]
+    return kept.tobytes().decode("utf-8", "surrogateescape").split("\udcff")[1:]
+
+
+def _pad(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+# -- safetensors-schema JSON -------------------------------------------------------------------------------------
+
+_NON_FINITE = {"nan": '"NaN"', "inf": '"Infinity"', "-inf": '"-Infinity"'}
+
+
+def _float64_texts(values: np.ndarray) -> list[str]:
+    """Shortest round-trip decimals of float64 values (Python's repr); NaN and the infinities as JSON strings."""
+    listed = values.astype(np.float64).tolist()
+    if np.isfinite(values).all():
+        return json.dumps(listed)[1:-1].split(", ") if listed else []
+    return [repr(v) if math.isfinite(v) else _NON_FINITE[repr(v)] for v in listed]
+
+
+def _float32_texts(values: np.ndarray) -> list[str]:
+    """The shortest decimal that reads back as the same float32, each value: numpy's Dragon4 for float32
+    (``1e-05`` for 1e-5, where a float64's repr gives 9.999999747378752e-06); NaN and the infinities as JSON
+    strings."""
+    texts: list[str] = np.asarray(values, dtype=np.float32).astype(str).tolist()
+    if not np.isfinite(values).all():
+        texts = [_NON_FINITE.get(t, t) for t in texts]
+    return texts
+
+
+def _scalar_json(kind: int, value: Any) -> str:
+    if kind == GGUFValueType.STRING:
+        return json.dumps(value, ensure_ascii=False)
+    if kind == GGUFValueType.BOOL:
+        return "true" if value else "false"
+    if kind == GGUFValueType.FLOAT32:
+        return _float32_texts(np.array([value], dtype=np.float32))[0]
+    if kind == GGUFValueType.FLOAT64:
+        return _float64_texts(np.array([value], dtype=np.float64))[0]
+    return str(int(value))
+
+
+def value_json(kv: KeyValue) -> str:
+    """The JSON text of a key/value's value: ints exact, floats shortest for their type, NaN as ``"NaN"``."""
+    if kv.item_type is None:
+        return _scalar_json(kv.type, kv.value)
+    value = kv.value
+    if kv.item_type == GGUFValueType.STRING:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    assert isinstance(value, np.ndarray)
+    if kv.item_type == GGUFValueType.FLOAT32:
+        return "[" + ",".join(_float32_texts(value)) + "]"
+    if kv.item_type == GGUFValueType.FLOAT64:
+        return "[" + ",".join(_float64_texts(value)) + "]"
+    return json.dumps(value.tolist(), separators=(",", ":"))  # ints exact, bools true/false
+
+
+def metadata_file(kv: KeyValue) -> bytes:
+    """The content of ``metadata/KEY``: a string as it is, anything else as its JSON; then a newline."""
+    if kv.type == GGUFValueType.STRING:
+        assert isinstance(kv.value, str)
+        return kv.value.encode("utf-8", "surrogateescape") + b"\n"  # its bytes as stored
+    return _json_bytes(value_json(kv)) + b"\n"
+
+
+def _json_bytes(text: str) -> bytes:
+    # A surrogate escape (a byte that was not UTF-8) can only stand inside a JSON string, where \udcXX is its
+    # escape: the text stays UTF-8 and valid JSON.
+    return text.encode("utf-8", "backslashreplace")
+
+
+def header_json(model: GgufHeader | GgufSplitSet) -> bytes:
+    """``header.json`` in the safetensors schema (SPEC §11): ``__metadata__`` with every key/value, then each
+    tensor's ``dtype``, C-order ``shape`` and ``data_offsets`` relative to its file's data section; a split set
+    adds each tensor's ``file``."""
+    if isinstance(model, GgufHeader):
+        metadata: Mapping[str, KeyValue] = model.metadata
+        entries: list[tuple[GgufTensor, str | None]] = [(t, None) for t in model.tensors]
+    else:
+        metadata = model.metadata
+        entries = [(t, f) for f, t in model.tensors]
+    parts = ['{"__metadata__":{']
+    parts.append(",".join(f"{json.dumps(k, ensure_ascii=False)}:{value_json(kv)}" for k, kv in metadata.items()))
+    parts.append("}")
+    for tensor, file in entries:
+        member = (
+            f',{json.dumps(tensor.name, ensure_ascii=False)}:{{"dtype":"{tensor.dtype}",'
+            f'"shape":{json.dumps(list(tensor.shape), separators=(",", ":"))},'
+            f'"data_offsets":[{tensor.offset},{tensor.offset + tensor.nbytes}]'
+        )
+        if file is not None:
+            member += f',"file":{json.dumps(file, ensure_ascii=False)}'
+        parts.append(member + "}")
+    parts.append("}")
+    return _json_bytes("".join(parts))
+
+
+# -- split sets (gguf-split) -------------------------------------------------------------------------------------
+
+SPLIT_NO = "split.no"
+SPLIT_COUNT = "split.count"
+SPLIT_TENSORS_COUNT = "split.tensors.count"
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GgufSplitSet:
+    """A ``gguf-split`` set as one model: ``tensors`` pairs each tensor with the name of the split holding it."""
+
+    name: str  # the prefix: x for x-00001-of-00003.gguf
+    files: tuple[str, ...]  # the splits' names, in order
+    headers: tuple[GgufHeader, ...]
+    tensors: tuple[tuple[str, GgufTensor], ...]
+    metadata: Mapping[str, KeyValue]  # every split's key/values, the first split's winning on a key
+
+
+def split_set_names(file_name: str) -> tuple[str, list[str]] | None:
+    """For a split's file name (``x-00002-of-00003.gguf``), the set's name and every split's name in order;
+    ``None`` for a name that is not a split's (``gguf-split`` counts from 1)."""
+    match = _SPLIT_NAME.match(file_name)
+    if match is None:
+        return None
+    no, count = int(match["no"]), int(match["count"])
+    if not 1 <= no <= count:
+        return None
+    prefix = match["prefix"]
+    return prefix, [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def merge_splits(name: str, files: Sequence[str], headers: Sequence[GgufHeader | None]) -> GgufSplitSet:
+    """Check a split set as llama.cpp's model loader does and merge it; ``headers[i]`` is ``None`` where split
+    ``files[i]`` is absent. Every split present, each ``split.no`` its place (and split 0's ``split.count`` the
+    number of splits), tensor names unique across splits, their number ``split.tensors.count``."""
+    if len(files) != len(headers):
+        raise ValueError("one header per split file")
+    for file, header in zip(files, headers, strict=True):
+        if header is None:
+            raise errors.MissingSplit(f"{file}: split of {name!r} is missing ({len(files)} splits)")
+    present = [h for h in headers if h is not None]
+    for index, header in enumerate(present):
+        number = _split_key(header, SPLIT_NO, GGUFValueType.UINT16)
+        if number != index:
+            raise errors.SplitOutOfPlace(f"{header.path}: {SPLIT_NO} is {number}, but it is split {index} of {name!r}")
+    first = present[0]
+    count = _split_key(first, SPLIT_COUNT, GGUFValueType.UINT16)
+    if count != len(files):
+        raise errors.SplitOutOfPlace(f"{first.path}: {SPLIT_COUNT} is {count}, but {name!r} has {len(files)} splits")
+    expected = _split_key(first, SPLIT_TENSORS_COUNT, GGUFValueType.INT32)
+    owner: dict[str, str] = {}
+    tensors: list[tuple[str, GgufTensor]] = []
+    metadata: dict[str, KeyValue] = {}
+    for file, header in zip(files, present, strict=True):
+        for tensor in header.tensors:
+            if tensor.name in owner:
+                raise errors.DuplicateSplitTensor(
+                    f"{header.path}: tensor {tensor.name!r} is also in split {owner[tensor.name]}"
+                )
+            owner[tensor.name] = file
+            tensors.append((file, tensor))
+        for key, kv in header.metadata.items():
+            metadata.setdefault(key, kv)
+    if len(tensors) != expected:
+        raise errors.SplitTensorCount(
+            f"{first.path}: {SPLIT_TENSORS_COUNT} is {expected}, "
+            f"but the {len(files)} splits hold {len(tensors)} tensors"
+        )
+    return GgufSplitSet(name, tuple(files), tuple(present), tuple(tensors), metadata)
+
+
+def _split_key(header: GgufHeader, key: str, kind: int) -> int:
+    kv = header.metadata.get(key)
+    if kv is None:
+        raise errors.SplitOutOfPlace(f"{header.path}: key {key!r} of a split is missing")
+    if kv.type != kind:
+        raise errors.SplitOutOfPlace(
+            f"{header.path}: key {key!r} is of type {kv.type_name}, not {_VALUE_TYPE_NAMES[kind]}"
+        )
+    assert isinstance(kv.value, int)
+    return kv.value
