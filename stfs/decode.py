@@ -154,6 +154,57 @@ def _codecs() -> dict[str, Codec]:
 CODECS: dict[str, Codec] = _codecs()
 
 
+def codec(dtype: str) -> Codec | None:
+    """How ``dtype`` becomes float32; ``None`` for F32 (its own bytes) and for dtypes with no float value to give:
+    integers, BOOL, C64, and GGML types the ``gguf`` package cannot decode (Q8_1, Q8_K, Q1_0)."""
+    return CODECS.get(dtype) or _ggml_codec(dtype)
+
+
+def has_values(dtype: str) -> bool:
+    """Whether ``dtype``'s values can be read as numbers (``stats/``): every dtype but C64 and the GGML types the
+    ``gguf`` package cannot decode."""
+    return dtype in DTYPE_BITS and dtype != "C64" or _ggml_codec(dtype) is not None
+
+
+def is_float(dtype: str) -> bool:
+    """A float dtype of safetensors, or a GGML type the ``gguf`` package decodes (a quantized type's values are
+    floats)."""
+    return dtype in FLOATS or _ggml_codec(dtype) is not None
+
+
+FLOATS = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}) | {
+    "F16",
+    "BF16",
+    "F32",
+    "F64",
+}
+
+
+@cache
+def _ggml_codec(dtype: str) -> Codec | None:
+    """A GGML type's decoding: ``gguf.quants.dequantize`` of whole blocks, as ggml computes them."""
+    if dtype in DTYPE_BITS:  # named alike in both formats (F32, F16, BF16, F64, I8-I64): the same values
+        return None
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from .formats import gguf
+
+    try:
+        found = gguf.ggml_type(dtype)
+    except KeyError:
+        return None
+    if not found.dequantizable:
+        return None
+    qtype = GGMLQuantizationType(found.id)
+
+    def decode(source: memoryview, out: memoryview) -> None:
+        with np.errstate(all="ignore"):  # NaN and inf scales give NaN and inf values, as ggml's do: no warning
+            np.copyto(_floats(out), dequantize(np.frombuffer(source, dtype=np.uint8), qtype).reshape(-1))
+
+    return Codec(dtype, found.type_size, found.block_size, decode)
+
+
 def npy_header(descr: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The ``.npy`` header ``numpy.lib.format`` writes for a C-order array of ``descr`` and ``shape``: format
     1.0, or 2.0 where the header passes 64 KiB; the data start padded to numpy's alignment."""
@@ -209,6 +260,14 @@ def to_float64(dtype: str, source: memoryview, out: np.ndarray) -> np.ndarray:
     if dtype in _CODE_BITS:
         found = codes(dtype, source)
         return np.take(code_values(dtype), found, out=out[: len(found)], mode="clip")
+    if dtype not in DTYPE_BITS:  # a GGML type: its float32 values, as ggml decodes them
+        ggml = _ggml_codec(dtype)
+        assert ggml is not None
+        count = len(source) // ggml.group_bytes * ggml.group_values
+        floats = bytearray(4 * count)
+        ggml.decode(source, memoryview(floats))
+        np.copyto(out[:count], np.frombuffer(floats, dtype=F32))
+        return out[:count]
     values = np.frombuffer(source, dtype=NATIVE.get(dtype) or _CODE_DTYPES[dtype])
     with np.errstate(invalid="ignore"):  # a NaN code cast to float64 is NaN, as meant
         np.copyto(out[: len(values)], values, casting="unsafe")  # exact: every dtype but C64 fits in float64 ...

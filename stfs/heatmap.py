@@ -21,20 +21,18 @@ from functools import cache
 
 import numpy as np
 
-from .decode import to_float64
+from .decode import is_float, to_float64
 from .formats import TensorEntry
 from .summary import CHUNK_VALUES, TensorBytes
 
 MAX_SIDE = 1024
 INTEGERS = frozenset({"U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"})
-FLOATS = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"})
-FLOATS |= {"F16", "BF16", "F32", "F64"}
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def has_heatmap(entry: TensorEntry) -> bool:
     """Whether ``entry`` gets a ``png/`` file: a float or integer dtype and at least one element."""
-    return entry.dtype in FLOATS | INTEGERS and math.prod(entry.shape) > 0
+    return (entry.dtype in INTEGERS or is_float(entry.dtype)) and math.prod(entry.shape) > 0
 
 
 def grid(shape: tuple[int, ...]) -> tuple[int, int, int, int]:

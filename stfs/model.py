@@ -65,6 +65,11 @@ class ModelSource:
     def is_index(self) -> bool:
         return self.path.endswith(".index.json")
 
+    @property
+    def is_split(self) -> bool:
+        """A split of a ``gguf-split`` set (``x-00001-of-00003.gguf``): the whole set is the model."""
+        return split_names(base_name(self.path)) is not None
+
 
 @dataclass(frozen=True, slots=True)
 class Model:
@@ -77,10 +82,12 @@ class Model:
     index_path: str | None = None
     index_bytes: bytes | None = None  # the index file as read when validated
     warnings: tuple[str, ...] = field(default=())
+    split: bool = False  # a GGUF split set: sharded without an index
+    json_made: bytes | None = None  # a sharded set's header.json, where its format makes it (a split set)
 
     @property
     def is_sharded(self) -> bool:
-        return self.index_path is not None
+        return self.index_path is not None or self.split
 
     @property
     def tensors(self) -> tuple[Tensor, ...]:
@@ -179,7 +186,9 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
         if name.endswith(INDEX_SUFFIX):
             indexes.append(key)
         elif name.endswith(MODEL_SUFFIXES) and source.kind(key) is Kind.FILE:
-            files.append(key)
+            split = split_names(name)  # a split of a set stands for the set: its first split's key
+            files.append(join_key(parent_key(key), split[1][0]) if split else key)
+    files = list(dict.fromkeys(files))
     shard_keys: set[str] = set()
     for index in indexes:
         weight_map = _read_weight_map(index, _read_index(source, index)[0])
@@ -199,6 +208,9 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
 
 
 def _model_name(relative: str) -> str:
+    split = split_names(base_name(relative))
+    if split is not None:  # x-00001-of-00003.gguf: the set x
+        return relative[: len(relative) - len(base_name(relative))] + split[0]
     for suffix in (INDEX_SUFFIX, *MODEL_SUFFIXES):
         if relative.endswith(suffix):
             return relative[: -len(suffix)]
@@ -210,6 +222,8 @@ def load(model_source: ModelSource, source: ByteSource | None = None, progress: 
     source = source or LocalFiles()
     if model_source.is_index:
         return _load_sharded(source, model_source, progress or Progress())
+    if model_source.is_split:
+        return _load_split_set(source, model_source, progress or Progress())
     header = read_header(model_source.path, source)
     shard = Shard(name=base_name(model_source.path), header=header)
     return Model(
@@ -382,4 +396,42 @@ def _load_sharded(source: ByteSource, model_source: ModelSource, progress: Progr
         index_path=index,
         index_bytes=raw,
         warnings=tuple(warnings),
+    )
+
+
+def split_names(file_name: str) -> tuple[str, list[str]] | None:
+    """For a split of a ``gguf-split`` set, the set's name and its splits' names in order; else ``None``."""
+    if not file_name.endswith(".gguf"):
+        return None
+    from .formats import gguf
+
+    return gguf.split_set_names(file_name)
+
+
+def _load_split_set(source: ByteSource, model_source: ModelSource, progress: Progress) -> Model:
+    """A ``gguf-split`` set named by any of its splits: every split read and checked, then merged (SPEC §11)."""
+    from .formats import gguf
+
+    found = split_names(base_name(model_source.path))
+    assert found is not None
+    prefix, names = found
+    keys = [join_key(parent_key(model_source.path), name) for name in names]
+
+    def load_split(key: str) -> Header | None:
+        try:
+            return read_header(key, source) if source.kind(key) is Kind.FILE else None
+        finally:
+            progress.step()
+
+    progress.start(len(keys))
+    headers = _each(load_split, keys, source.concurrency)
+    merged = gguf.merge_splits(prefix, names, [header.parsed if header else None for header in headers])
+    shards = tuple(Shard(name, header) for name, header in zip(names, headers, strict=True) if header is not None)
+    return Model(
+        name=model_source.name,
+        path=keys[0],
+        metadata=gguf.metadata_texts(merged.metadata),
+        shards=shards,
+        split=True,
+        json_made=gguf.header_json(merged),
     )

@@ -64,7 +64,7 @@ def header_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
     """``header.json`` (a sharded set's merged) and ``metadata/``."""
     mtime = model.mtime_ns
     if model.is_sharded:
-        tree.add_file([*base, "header.json"], mtime, (merged_header(model),))
+        tree.add_file([*base, "header.json"], mtime, (model.json_made or merged_header(model),))
     else:
         header = model.shards[0].header
         tree.add_file([*base, "header.json"], mtime, (_header_json(header),))
@@ -76,6 +76,7 @@ def shard_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
     mtime = model.mtime_ns
     if model.index_bytes is not None:
         tree.add_file([*base, "index.json"], mtime, (model.index_bytes,))
+    if model.is_sharded:
         tree.folder([*base, "shards"], mtime)
         for shard in model.shards:
             header = shard.header
@@ -104,17 +105,20 @@ def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
 
 def npy_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
     """``npy/``: each tensor as ``PATH.npy``; NumPy's own dtypes keep their bytes, the others become float32."""
-    from .decode import CODECS, F32, NATIVE, npy_header  # numpy and ml_dtypes: only for mounts that ask
+    from .decode import F32, NATIVE, codec, npy_header  # numpy and ml_dtypes: only for mounts that ask
 
     def files() -> Iterator[FileNode]:
         for key, start, mtime, entry in _tensors(model):
             source = Range(key, start + entry.begin, entry.size)
+            decoding = codec(entry.dtype)
             if entry.dtype in NATIVE:
                 data: Segment = source
                 header = npy_header(NATIVE[entry.dtype], entry.shape)
-            else:
-                data = _decoded(source, CODECS[entry.dtype], entry)
+            elif decoding is not None:
+                data = _decoded(source, decoding, entry)
                 header = npy_header(F32, entry.shape)
+            else:  # a GGML type the gguf package cannot decode: its tensors/ file only
+                continue
             yield tree.new_file(mtime, (header, data), entry, "npy")
 
     tree.add_named_files(tree.folder([*base, "npy"], model.mtime_ns), layout, files(), suffix=".npy")
@@ -122,15 +126,15 @@ def npy_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
 
 def f32_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
     """``f32/``: the values of each float tensor as little-endian float32; F32 tensors are their own bytes."""
-    from .decode import CODECS
+    from .decode import codec
 
     def files() -> Iterator[FileNode]:
         for key, start, mtime, entry in _tensors(model):
             source = Range(key, start + entry.begin, entry.size)
             if entry.dtype == "F32":
                 yield tree.new_file(mtime, (source,), entry, "f32")
-            elif entry.dtype in CODECS:
-                yield tree.new_file(mtime, (_decoded(source, CODECS[entry.dtype], entry),), entry, "f32")
+            elif (decoding := codec(entry.dtype)) is not None:
+                yield tree.new_file(mtime, (_decoded(source, decoding, entry),), entry, "f32")
 
     tree.add_named_files(tree.folder([*base, "f32"], model.mtime_ns), layout, files())
 
@@ -138,12 +142,13 @@ def f32_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
 def stats_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:
     """``stats/``: each tensor's counts, extremes, moments and histogram as ``PATH.json`` (not C64's), made on the
     first read; the size is known from the header."""
+    from .decode import has_values
     from .summary import FINISHED
     from .tensor_stats import stats_file, stats_size
 
     def files() -> Iterator[FileNode]:
         for key, start, mtime, entry in _tensors(model):
-            if entry.dtype != "C64":
+            if has_values(entry.dtype):
                 summary = Summary(key, start + entry.begin, stats_size(entry), entry, stats_file, FINISHED)
                 yield tree.new_file(mtime, (summary,), entry, "stats")
 
@@ -211,7 +216,9 @@ def source_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models: Ite
 def _add_metadata(tree: Tree, folder: list[str], metadata: Mapping[str, str], mtime_ns: int) -> None:
     tree.folder(folder, mtime_ns)
     for key, value in metadata.items():
-        tree.add_file([*folder, escape_component(key)], mtime_ns, ((value + "\n").encode("utf-8", "surrogatepass"),))
+        # surrogate escapes stand for bytes that were not UTF-8 (a GGUF string): written back as those bytes
+        content = (value + "\n").encode("utf-8", "surrogateescape")
+        tree.add_file([*folder, escape_component(key)], mtime_ns, (content,))
 
 
 def merged_header(model: Model) -> bytes:

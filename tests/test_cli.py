@@ -538,4 +538,4 @@ def test_check_an_empty_folder(tmp_path: Path) -> None:
     result = stfs_run("check", str(tmp_path))
     assert result.returncode == 1
     [line] = lines(result.stdout)
-    assert line.startswith(f"{tmp_path}: no .safetensors file")
+    assert line.startswith(f"{tmp_path}: no .safetensors or .gguf file")

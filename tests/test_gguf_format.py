@@ -548,12 +548,10 @@ def test_negative_first_dimension_is_seen_before_a_truncated_second() -> None:
 # -- edge cases that llama.cpp accepts ---------------------------------------------------------------------------
 
 
-def test_a_tensor_with_no_dimensions_is_a_scalar(tmp_path: Path) -> None:
-    # llama.cpp refuses only n_dims > 4; n_dims 0 is one element (ne = 1, 1, 1, 1), shape () in C order.
-    path = tmp_path / "scalar.gguf"
-    path.write_bytes(build([ARCH], [info("s", [], F32, 0)], struct.pack("<f", 2.5)))
-    header = same_as_gguf_py(path)
-    assert header.tensors[0].shape == () and header.tensors[0].nbytes == 4
+def test_a_tensor_with_no_dimensions_is_refused() -> None:
+    # llama.cpp refuses only n_dims > 4 (n_dims 0 is one element to it); SPEC §11 asks for 1 to 4 dimensions.
+    message = refused(build([ARCH], [info("s", [], F32, 0)], struct.pack("<f", 2.5)), errors.InvalidDimensions, "s")
+    assert "0 dimensions" in message
 
 
 def test_bool_byte_other_than_1_is_true() -> None:
@@ -687,6 +685,8 @@ def test_string_arrays_decode_as_one_by_one_whatever_their_bytes() -> None:
 
 
 def write_split_set(folder: Path, count_tensors: int = 5, per_split: int = 2) -> list[Path]:
+    """A gguf-split set written by GGUFWriter: ``count_tensors`` tensors, ``per_split`` a split."""
+    folder.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(str(folder / "model.gguf"), "llama", split_max_tensors=per_split)
     writer.add_uint32("llama.context_length", 4096)
     for i in range(count_tensors):

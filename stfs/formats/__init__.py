@@ -10,11 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 from . import safetensors
 from .base import Header, RangeFetcher, TensorEntry
 
-__all__ = ["FORMATS", "SAFETENSORS", "FileFormat", "Header", "RangeFetcher", "TensorEntry", "format_of", "groups"]
+__all__ = [
+    "FORMATS",
+    "GGUF",
+    "SAFETENSORS",
+    "FileFormat",
+    "Header",
+    "RangeFetcher",
+    "TensorEntry",
+    "format_of",
+    "groups",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +39,15 @@ class FileFormat:
     read_header: Callable[..., Header]
 
 
+def _gguf_header(fetch: RangeFetcher, **where: Any) -> Header:
+    from . import gguf  # the gguf package: imported by mounts that hold a GGUF file only
+
+    return gguf.fetch_header(fetch, **where)
+
+
 SAFETENSORS = FileFormat("safetensors", (".safetensors",), safetensors.fetch_header)
-FORMATS: tuple[FileFormat, ...] = (SAFETENSORS,)
+GGUF = FileFormat("gguf", (".gguf",), _gguf_header)
+FORMATS: tuple[FileFormat, ...] = (SAFETENSORS, GGUF)
 
 
 def format_of(key: str) -> FileFormat:
@@ -37,9 +56,15 @@ def format_of(key: str) -> FileFormat:
     return next((known for known in FORMATS if key.endswith(known.suffixes)), SAFETENSORS)
 
 
+@cache
 def groups(dtype: str) -> tuple[int, int]:
     """(values, bytes) of the smallest whole group of ``dtype``'s values: F4 two values a byte, F6 four in three
-    bytes, every other dtype of safetensors one value in its own bytes."""
-    bits = safetensors.DTYPE_BITS[dtype]
+    bytes, every other dtype of safetensors one value in its own bytes; a GGML type its block."""
+    bits = safetensors.DTYPE_BITS.get(dtype)
+    if bits is None:
+        from . import gguf
+
+        found = gguf.ggml_type(dtype)
+        return found.block_size, found.type_size
     values = {4: 2, 6: 4}.get(bits, 1)
     return values, values * bits // 8

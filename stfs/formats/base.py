@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
 
@@ -45,6 +45,7 @@ class Header:
     data_start: int
     json_at: tuple[int, int] | None = None
     json_made: bytes | None = None
+    parsed: Any = None  # the format's own header, where checks across files need it (a GGUF split set)
 
     @property
     def data_size(self) -> int:

@@ -13,29 +13,31 @@ Layout (v2 and v3): ``GGUF``, u32 version, u64 tensor count, u64 key/value count
 infos, zero padding to the alignment, the data section. Strings are a u64 length and their bytes. The type
 table (names, block sizes) is the ``gguf`` package's, never a copy of it.
 
-Where the SPEC is silent, as llama.cpp reads it: a tensor with no dimensions (n_dims 0) is one element, shape
-``[]``; names are compared as C strings for duplicates (``a\\0x`` and ``a\\0y`` are one name to ggml); a bool is
-true for any byte but 0. Names and strings that are not UTF-8 keep their bytes as surrogate escapes
-(``os.fsdecode``'s convention): a ``metadata/`` string file holds the bytes, JSON the ``\\udcXX`` escape. JSON has
-no NaN or infinity: those float values are the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+A tensor with no dimensions (n_dims 0), which llama.cpp reads as one element, is refused as SPEC §11 says (1 to
+4 dimensions). Where the SPEC is silent, as llama.cpp reads it: names are compared as C strings for duplicates
+(``a\\0x`` and ``a\\0y`` are one name to ggml); a bool is true for any byte but 0. Names and strings that are not
+UTF-8 keep their bytes as surrogate escapes (``os.fsdecode``'s convention): a ``metadata/`` string file holds the
+bytes, JSON the ``\\udcXX`` escape. JSON has no NaN or infinity: those float values are the strings ``"NaN"``,
+``"Infinity"``, ``"-Infinity"``.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .. import errors
-from .base import RangeFetcher
+from .base import Header, RangeFetcher, TensorEntry
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -46,6 +48,8 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 INT64_MAX = 2**63 - 1
 SIZE_MAX = 2**64 - 1
 FIRST_READ = 2 << 20  # the first request; each later one at most doubles what was read, plus this
+LOCAL_FIRST_READ = 16 << 20  # where reads are cheap: most vocabularies' headers, parsed once
+CHEAP_BELOW = 64 << 10  # a source whose first read of a header asks for less reads cheaply (ByteSource.first_read)
 ALIGNMENT_KEY = "general.alignment"
 
 # The least bytes each thing can take, for the bounds on what the bytes left can hold.
@@ -490,8 +494,8 @@ class _Parser:
                 raise errors.DuplicateTensorName(self.path, f"tensor {i} repeats the name of an earlier one", name)
             seen.add(c_name)
             n_dims = self._int(_U32, f"the dimension count of tensor {name!r}")
-            if n_dims > MAX_DIMS:
-                raise errors.InvalidDimensions(self.path, f"{n_dims} dimensions, more than {MAX_DIMS}", name)
+            if not 1 <= n_dims <= MAX_DIMS:  # llama.cpp refuses more than 4; SPEC §11 a tensor without any too
+                raise errors.InvalidDimensions(self.path, f"{n_dims} dimensions, not 1 to {MAX_DIMS}", name)
             dims: tuple[int, ...] = ()
             for j in range(n_dims):
                 extent = self._int(_I64, f"dimension {j} of tensor {name!r}")
@@ -637,10 +641,10 @@ def _json_bytes(text: str) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
-def header_json(model: GgufHeader | GgufSplitSet) -> bytes:
+def header_json(model: GgufHeader | GgufSplitSet, texts: Mapping[str, str] | None = None) -> bytes:
     """``header.json`` in the safetensors schema (SPEC §11): ``__metadata__`` with every key/value, then each
     tensor's ``dtype``, C-order ``shape`` and ``data_offsets`` relative to its file's data section; a split set
-    adds each tensor's ``file``."""
+    adds each tensor's ``file``. ``texts``: each key's ``value_json`` where the caller has made them already."""
     if isinstance(model, GgufHeader):
         metadata: Mapping[str, KeyValue] = model.metadata
         entries: list[tuple[GgufTensor, str | None]] = [(t, None) for t in model.tensors]
@@ -648,7 +652,11 @@ def header_json(model: GgufHeader | GgufSplitSet) -> bytes:
         metadata = model.metadata
         entries = [(t, f) for f, t in model.tensors]
     parts = ['{"__metadata__":{']
-    parts.append(",".join(f"{json.dumps(k, ensure_ascii=False)}:{value_json(kv)}" for k, kv in metadata.items()))
+    parts.append(
+        ",".join(
+            f"{json.dumps(k, ensure_ascii=False)}:{texts[k] if texts else value_json(kv)}" for k, kv in metadata.items()
+        )
+    )
     parts.append("}")
     for tensor, file in entries:
         member = (
@@ -745,3 +753,48 @@ def _split_key(header: GgufHeader, key: str, kind: int) -> int:
         )
     assert isinstance(kv.value, int)
     return kv.value
+
+
+# -- the format seam: a GGUF file as every format's Header -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GgufEntry(TensorEntry):
+    """A tensor of a GGUF file: its dtype is its GGML type's name, its files' xattrs ``user.gguf.*``."""
+
+    namespace: ClassVar[str] = "gguf"
+
+
+def fetch_header(
+    fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = FIRST_READ
+) -> Header:
+    """Read and validate the GGUF file ``path`` through ``fetch`` (``read_header``) as a ``Header``: GGML type
+    names, C-order shapes, metadata files' contents, ``header.json`` made in the safetensors schema; the GGUF
+    header itself as ``parsed`` (a split set's checks need its key/values)."""
+    cheap = first_read < CHEAP_BELOW  # a local file: reading more costs less than parsing a vocabulary again
+    parsed = read_header(fetch, file_size, path=path, first_read=LOCAL_FIRST_READ if cheap else FIRST_READ)
+    texts = {key: value_json(kv) for key, kv in parsed.metadata.items()}  # the longest work: done once
+    made = header_json(parsed, texts)
+    return Header(
+        path=path,
+        file_size=file_size,
+        mtime_ns=mtime_ns,
+        tensors=tuple(GgufEntry(t.name, t.dtype, t.shape, t.offset, t.offset + t.nbytes) for t in parsed.tensors),
+        metadata=metadata_texts(parsed.metadata, texts),
+        digest=hashlib.sha256(made).digest(),
+        data_start=parsed.data_offset,
+        json_made=made,
+        parsed=parsed,
+    )
+
+
+def metadata_texts(metadata: Mapping[str, KeyValue], texts: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each key's ``metadata/KEY`` content less its newline, as text (bytes that are not UTF-8 as surrogate
+    escapes, which the tree writes back as those bytes); ``texts``: each key's ``value_json``, made already."""
+    found = {}
+    for key, kv in metadata.items():
+        if kv.type == GGUFValueType.STRING or texts is None:
+            found[key] = metadata_file(kv)[:-1].decode("utf-8", "surrogateescape")
+        else:
+            found[key] = _json_bytes(texts[key]).decode("utf-8")
+    return found
