@@ -39,6 +39,7 @@ from .values import (
     count_unequal_elements,
     decode,
     same_bytes,
+    value_count,
     values_known,
     values_per_chunk,
 )
@@ -256,7 +257,8 @@ class _Comparison:
         side, tensor = (1, b) if self.sides[0].source.remote else (0, a)
         if self._rereader is None or self._rereader.source is not self.sides[side].source:
             self._rereader = Reader(self.sides[side].source)
-        for raw in self._rereader.chunks(tensor.file, tensor.offset, size):
+        step = byte_count(tensor.dtype, values_per_chunk(CHUNK_BYTES, tensor.dtype))  # whole groups (F6, GGML blocks)
+        for raw in self._rereader.chunks(tensor.file, tensor.offset, size, step):
             self._norm(tensor.dtype, raw, tally)
 
     def _values_across_dtypes(self, a: Tensor, b: Tensor) -> Tally:
@@ -265,7 +267,7 @@ class _Comparison:
         tally = Tally()
         steps = byte_count(a.dtype, chunk_values), byte_count(b.dtype, chunk_values)
         for number, (raw_a, raw_b) in enumerate(self._chunks(a, b, *steps)):
-            count = len(raw_a) * 8 // DTYPE_BITS[a.dtype]
+            count = value_count(a.dtype, len(raw_a))
             for start in range(0, count, PIECE_VALUES):
                 end = min(count, start + PIECE_VALUES)
                 piece_a = raw_a[byte_count(a.dtype, start) : byte_count(a.dtype, end)]

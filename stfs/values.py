@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .formats.safetensors import DTYPE_BITS
+from .decode import has_values
+from .formats import groups
+from .formats.safetensors import DTYPE_BITS as DTYPES
 
 _libc = ctypes.CDLL(None)
 _memcmp = _libc.memcmp
@@ -69,8 +71,9 @@ def decode(dtype: str, raw: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def values_known(dtype: str) -> bool:
-    """Whether ``dtype``'s values can be compared (as float64); C64 and dtypes stfs does not decode: bytes only."""
-    return dtype in DTYPE_BITS and dtype != "C64"
+    """Whether ``dtype``'s values can be compared (as float64); C64 and the GGML types the ``gguf`` package does not
+    decode: bytes only."""
+    return has_values(dtype)
 
 
 def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
@@ -81,15 +84,23 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def values_per_chunk(chunk_bytes: int, *dtypes: str) -> int:
-    """How many values make a chunk of about ``chunk_bytes`` bytes of the widest of ``dtypes``: a multiple of 8, so
-    that a chunk is whole bytes and whole groups of every dtype (F4 two values a byte, F6 four in three bytes)."""
-    widest = max(DTYPE_BITS[dtype] for dtype in dtypes)
-    return max(8, chunk_bytes * 8 // widest // 8 * 8)
+    """How many values make a chunk of about ``chunk_bytes`` bytes of the widest of ``dtypes``: whole groups of every
+    dtype (F4 two values a byte, F6 four in three bytes, a GGML type its block; ``formats.groups``)."""
+    whole = math.lcm(8, *(groups(dtype)[0] for dtype in dtypes))
+    fewest = min(chunk_bytes * groups(dtype)[0] // groups(dtype)[1] for dtype in dtypes)
+    return max(whole, fewest // whole * whole)
 
 
 def byte_count(dtype: str, values: int) -> int:
     """The bytes of ``values`` values of ``dtype`` (whole groups)."""
-    return values * DTYPE_BITS[dtype] // 8
+    group_values, group_bytes = groups(dtype)
+    return values // group_values * group_bytes
+
+
+def value_count(dtype: str, size: int) -> int:
+    """The values in ``size`` bytes of ``dtype`` (whole groups)."""
+    group_values, group_bytes = groups(dtype)
+    return size // group_bytes * group_values
 
 
 # -- NaN and infinities --------------------------------------------------------------------------------------------
@@ -110,8 +121,15 @@ class Specials:
 
 
 def has_specials(dtype: str) -> bool:
-    """Whether values of ``dtype`` can be NaN or infinite (not integers, BOOL, F6, F4; not C64, compared by bytes)."""
-    return dtype in _SPECIAL or dtype in _NEGATIVE_ZERO_NAN
+    """Whether values of ``dtype`` can be NaN or infinite (not integers, BOOL, F6, F4; not C64, compared by bytes);
+    a quantized GGML type can (its scales are floats)."""
+    return dtype in _SPECIAL or dtype in _NEGATIVE_ZERO_NAN or _quantized(dtype)
+
+
+def _quantized(dtype: str) -> bool:
+    """A GGML type the ``gguf`` package decodes whose values are not one float's bits: its blocks are decoded to be
+    looked at."""
+    return dtype not in DTYPES and has_values(dtype)
 
 
 def may_hold_specials(dtype: str, raw: np.ndarray, scratch: np.ndarray) -> bool:
@@ -119,6 +137,8 @@ def may_hold_specials(dtype: str, raw: np.ndarray, scratch: np.ndarray) -> bool:
     (``False``: it holds none), from its bits; ``scratch``: a ``uint8`` array at least as long as ``raw``."""
     if not len(raw):
         return False
+    if dtype not in _SPECIAL and dtype not in _NEGATIVE_ZERO_NAN:  # a quantized GGML type: no bit to look at
+        return True
     if dtype in _NEGATIVE_ZERO_NAN:
         return bool(np.count_nonzero(raw == 0x80))
     unsigned, mask, first = _SPECIAL[dtype]
