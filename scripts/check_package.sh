@@ -31,6 +31,8 @@ with open(sys.argv[1], "wb") as stream:
 PY
 "$work/fresh/bin/stfs" --version
 "$work/fresh/bin/stfs" info "$work/tiny.safetensors"
+"$work/fresh/bin/stfs" diff "$work/tiny.safetensors" "$work/tiny.safetensors"
+"$work/fresh/bin/stfs" check --values "$work/tiny.safetensors"
 "$work/fresh/bin/python" -c "import stfs.fs"  # mfusepy (pinned <4) loads libfuse3 and has what stfs overrides
 # The GGUF reader's type table and decoders come from the gguf package, a dependency of the wheel.
 "$work/fresh/bin/python" -c "from stfs.formats import gguf; assert gguf.ggml_type('Q4_K').dequantizable"

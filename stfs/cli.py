@@ -11,14 +11,16 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import __version__, errors
-from .model import discover, load
+from .model import Model, discover, load
 from .options import VIEWS, OptionError, positive_int, seconds, size_bytes, sort_options
-from .sources import named_source, open_source
+from .sources import ByteSource, named_source, open_source
 from .sources.base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, is_url
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+EXIT_DIFFERENT, EXIT_TROUBLE = 1, 2  # stfs diff's, as diff(1) and cmp(1)
 
 SOURCE_HELP = (
     "a .safetensors file, a .safetensors.index.json (a sharded set), a folder (every model in it), "
@@ -159,8 +161,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(check)
     check.add_argument("sources", nargs="+", metavar="SOURCE", type=_given, help=SOURCE_HELP)
+    check.add_argument(
+        "--values",
+        action="store_true",
+        help="also read every tensor's values: a line for each tensor holding NaN or infinities (exit 1 if any)",
+    )
+    _quiet(check)
     _timeout(check)
+
+    diff = commands.add_parser(
+        "diff",
+        help="compare two models tensor by tensor; exit 0 if the same, 1 if they differ, 2 on trouble",
+        description="Compare two models tensor by tensor, matched by name: a line per tensor that is not equal "
+        "(- only in A, + only in B, ! another dtype or shape, ~ values differ), then a summary line. "
+        "Exit 0 if every tensor is equal in both, 1 if anything differs, 2 on trouble.",
+        epilog="example: stfs diff ./downloaded-model hf://org/model",
+    )
+    _common(diff)
+    diff.add_argument("a", metavar="A", type=_given, help=SOURCE_HELP)
+    diff.add_argument("b", metavar="B", type=_given, help="another SOURCE")
+    diff.add_argument("--json", action="store_true", help="print one JSON object")
+    diff.add_argument(
+        "--atol", type=_tolerance, default=0.0, metavar="X", help="absolute tolerance (numpy.isclose; default 0)"
+    )
+    diff.add_argument(
+        "--rtol", type=_tolerance, default=0.0, metavar="Y", help="relative tolerance (numpy.isclose; default 0)"
+    )
+    _quiet(diff)
+    _timeout(diff)
     return parser
+
+
+def _quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar (shown only on a terminal)")
+
+
+def _tolerance(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: a tolerance is a finite number, 0 or more")
+    return number
 
 
 def _timeout(parser: argparse.ArgumentParser) -> None:
@@ -302,7 +345,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for text in args.sources:
         try:
             text = named_source(text)
-            source, key = open_source(text, timeout=args.timeout)
+            # reading values: the page cache left as it is, and a remote source's block cache bounded as diff's
+            reading: dict[str, Any] = {}
+            if args.values:
+                from .scan import REMOTE_CACHE
+
+                reading = {"keep_source_cache": True, "cache_size": REMOTE_CACHE}
+            source, key = open_source(text, timeout=args.timeout, **reading)
             model_sources = discover(key, source)
         except errors.StfsError as exc:
             print(exc.message)
@@ -323,13 +372,52 @@ def cmd_check(args: argparse.Namespace) -> int:
                 continue
             for warning in model.warnings:
                 print(f"warning: {warning}")
+            tensors = sum(len(shard.header.tensors) for shard in model.shards)
             unsafe = sum(len(getattr(shard.header.parsed, "unsafe_globals", ())) for shard in model.shards)
             if unsafe:  # a pickle that torch.load would run code of unless weights_only: named above, and a failure
                 print(f"{model.path}: {unsafe} globals that torch.load(weights_only=True) refuses")
                 problems += unsafe
-                continue
-            print(f"{model.path}: ok ({sum(len(shard.header.tensors) for shard in model.shards)} tensors)")
+            holding = _check_values(model, source, args.quiet) if args.values else 0
+            if holding:
+                print(f"{model.path}: {holding} of {tensors} tensors hold NaN or infinities")
+                problems += holding
+            if not unsafe and not holding:
+                print(f"{model.path}: ok ({tensors} tensors{', values checked' if args.values else ''})")
     return EXIT_OK if problems == 0 else EXIT_INVALID
+
+
+def _check_values(model: Model, source: ByteSource, quiet: bool) -> int:
+    """Print a line for each tensor of ``model`` holding NaN or infinities; how many do."""
+    from .progress import ByteProgress, shown
+    from .scan import Reader, check_values, checked
+
+    bar = ByteProgress(sum(t.size for t in checked(model)), "checking values", shown(quiet))
+    try:
+        found = check_values(model, Reader(source, bar))
+    finally:
+        bar.close()
+    for tensor in found:
+        print(tensor.line)
+    return len(found)
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``stfs diff``: exit 0 same, 1 different, 2 on trouble (as diff(1) and cmp(1)), trouble in one line."""
+    from .diff import diff, render_json, render_text
+    from .progress import shown
+
+    interrupt_at_once(args)
+    try:
+        report = diff(args.a, args.b, atol=args.atol, rtol=args.rtol, timeout=args.timeout, progress=shown(args.quiet))
+    except (errors.StfsError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"stfs: {exc.message if isinstance(exc, errors.StfsError) else exc}", file=sys.stderr)
+        return EXIT_TROUBLE
+    for warning in report.warnings:
+        print(f"stfs: warning: {warning}", file=sys.stderr)
+    print(render_json(report) if args.json else render_text(report))
+    return EXIT_OK if report.same else EXIT_DIFFERENT
 
 
 def _tolerant_output() -> None:
@@ -341,7 +429,7 @@ def _tolerant_output() -> None:
             stream.reconfigure(errors="surrogateescape" if utf8 else "backslashreplace")
 
 
-COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check}
+COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check, "diff": cmd_diff}
 
 
 def mount8_form(argv: Sequence[str]) -> list[str]:

@@ -269,5 +269,6 @@ def to_float64(dtype: str, source: memoryview, out: np.ndarray) -> np.ndarray:
         np.copyto(out[:count], np.frombuffer(floats, dtype=F32))
         return out[:count]
     values = np.frombuffer(source, dtype=NATIVE.get(dtype) or _CODE_DTYPES[dtype])
-    np.copyto(out[: len(values)], values, casting="unsafe")  # exact: every dtype but C64 fits in float64 ...
+    with np.errstate(invalid="ignore"):  # a NaN code cast to float64 is NaN, as meant
+        np.copyto(out[: len(values)], values, casting="unsafe")  # exact: every dtype but C64 fits in float64 ...
     return out[: len(values)]  # ... except 64-bit integers past 2**53, rounded to nearest as NumPy's astype does

@@ -70,7 +70,7 @@ def render_table(report: dict[str, Any]) -> str:
         lines.append(f"== {model['source']}" + (f"  ({model['name']})" if model["name"] else ""))
         rows: list[tuple[str, ...]] = [("name", "dtype", "shape", "params", "file")]
         rows += [
-            (_printable(t["name"]), t["dtype"], _shape(t["shape"]), f"{t['parameters']:,}", _basename(t["file"]))
+            (printable(t["name"]), t["dtype"], _shape(t["shape"]), f"{t['parameters']:,}", _basename(t["file"]))
             for t in model["tensors"]
         ]
         lines += _columns(rows, right={3})
@@ -91,7 +91,7 @@ def _total_line(totals: dict[str, int]) -> str:
     return f"total: {totals['tensors']:,} tensors, {totals['parameters']:,} parameters, {totals['bytes']:,} bytes"
 
 
-def _printable(name: str) -> str:
+def printable(name: str) -> str:
     """A name on one table row: newlines, NULs, bidi overrides and the like escaped as Python would."""
     return name if name.isprintable() else repr(name)[1:-1]
 

@@ -13,10 +13,10 @@ import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from . import errors
-from .formats import FORMATS, PYTORCH, Header, format_of
+from .formats import FORMATS, PYTORCH, Header, format_of, strided
 from .formats.safetensors import encodable
 from .progress import Progress
 from .sources import ByteSource, Kind, LocalFiles, base_name, join_key, parent_key, relative_key
@@ -32,7 +32,9 @@ MAX_INDEX_LENGTH = 100_000_000
 
 @dataclass(frozen=True, slots=True)
 class Tensor:
-    """A tensor of a model: its bytes are ``size`` bytes of ``file`` at absolute ``offset``."""
+    """A tensor of a model: its bytes are ``size`` bytes of ``file`` at absolute ``offset``; or, for a strided
+    tensor of a PyTorch checkpoint, its elements as ``gathered`` (a ``formats.pytorch.Tensor``) lays them out,
+    put in C order from ``offset``, its first."""
 
     name: str
     dtype: str
@@ -41,6 +43,7 @@ class Tensor:
     offset: int
     size: int
     shard: str | None = None
+    gathered: Any = field(default=None, compare=False)
 
     @property
     def parameters(self) -> int:
@@ -291,6 +294,7 @@ def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
             offset=header.data_start + entry.begin,
             size=entry.size,
             shard=shard.name if sharded else None,
+            gathered=strided(entry),
         )
 
 

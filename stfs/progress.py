@@ -42,3 +42,38 @@ class Progress:
                 self.stream.write("\r\033[K")
                 self.stream.flush()
                 self.shown = False
+
+
+def shown(quiet: bool = False, stream: TextIO | None = None) -> bool:
+    """Whether a progress bar goes on ``stream`` (stderr): only a terminal's, and not with ``--quiet``."""
+    return not quiet and (stream or sys.stderr).isatty()
+
+
+class ByteProgress:
+    """A bar of bytes read of ``total`` on stderr (tqdm: count, rate, time left) while ``enabled``; else nothing,
+    and tqdm is not even imported."""
+
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self._bar = None
+        if enabled and total > 0:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total,
+                desc=label,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                file=sys.stderr,
+                leave=False,  # the bar is gone once done: what stays on the terminal is the report
+                dynamic_ncols=True,
+            )
+
+    def update(self, count: int) -> None:
+        if self._bar is not None:
+            self._bar.update(count)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

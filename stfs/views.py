@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from .errors import TreeError
-from .formats import Header, TensorEntry
+from .formats import Header, TensorEntry, strided
 from .model import Model, SourceFile
 from .nodes import Decoded, FileNode, Gathered, Range, Segment, ShardData, Summary
 from .readahead import jump_window_kb
@@ -192,9 +192,9 @@ def _tensors(model: Model) -> Iterator[tuple[str, int, int, TensorEntry]]:
 
 def _source(key: str, start: int, entry: TensorEntry) -> Range | Gathered:
     """A tensor's bytes: a ``Range`` of its file, or a strided tensor of a checkpoint gathered in C order."""
-    strided = getattr(entry, "tensor", None)  # a PytorchEntry's reader Tensor
-    if strided is not None and not strided.contiguous:
-        return Gathered(key, strided.offset, entry.size, strided)
+    gathered = strided(entry)
+    if gathered is not None:
+        return Gathered(key, gathered.offset, entry.size, gathered)
     return Range(key, start + entry.begin, entry.size)
 
 

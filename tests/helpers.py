@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 MountFn = Callable[..., str]
@@ -37,6 +39,12 @@ def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
     kwargs.setdefault("text", True)
     kwargs.setdefault("timeout", 60)
     return subprocess.run(command, **kwargs)  # type: ignore[call-overload]
+
+
+def stfs_command(*args: str, **kwargs: object) -> subprocess.CompletedProcess:
+    """The stfs command of this checkout, as a user runs it (``python -m stfs`` from the repository)."""
+    kwargs.setdefault("timeout", 120)
+    return run([sys.executable, "-m", "stfs", *args], cwd=REPO, **kwargs)
 
 
 def rss_anon(pid: int) -> int:

@@ -17,7 +17,7 @@ from stfs.cli import main
 from tests.helpers import run
 from tests.models import rich_arrays, sharded_arrays, write_header, write_numpy, write_raw, write_sharded
 
-COMMANDS = ["mount", "unmount", "info", "check"]
+COMMANDS = ["mount", "unmount", "info", "check", "diff"]
 
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -144,6 +144,10 @@ def test_check_reports_warnings_and_passes(tmp_path: Path) -> None:
         ["unmount", ""],
         ["info", ""],  # it listed every model under the working folder
         ["check", "m.safetensors", ""],
+        ["diff", "a.safetensors"],
+        ["diff", "a.safetensors", "b.safetensors", "--atol", "-1"],
+        ["diff", "a.safetensors", "b.safetensors", "--rtol", "nan"],
+        ["diff", "a.safetensors", ""],
     ],
 )
 def test_usage_errors_exit_2(argv: list[str]) -> None:

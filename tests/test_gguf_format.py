@@ -685,6 +685,8 @@ def test_string_arrays_decode_as_one_by_one_whatever_their_bytes() -> None:
 
 
 def write_split_set(folder: Path, count_tensors: int = 5, per_split: int = 2) -> list[Path]:
+    """A gguf-split set written by GGUFWriter: ``count_tensors`` tensors, ``per_split`` a split."""
+    folder.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(str(folder / "model.gguf"), "llama", split_max_tensors=per_split)
     writer.add_uint32("llama.context_length", 4096)
     for i in range(count_tensors):

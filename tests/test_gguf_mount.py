@@ -18,6 +18,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from stfs.formats import gguf
 from tests.helpers import MountFn, run
 from tests.servers import FakeHub, Nginx
+from tests.test_gguf_format import write_split_set
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -116,19 +117,6 @@ def test_header_json_and_metadata_are_the_key_values(mount: MountFn, tmp_path: P
     result = run(["jq", "-r", '.["token_embd.weight"].dtype', str(Path(mnt, "header.json"))])
     assert result.stdout == "F32\n"
     assert Path(mnt, "files", "m.gguf").read_bytes() == path.read_bytes()
-
-
-def write_split_set(folder: Path, tensors: int = 5, per_split: int = 2) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(str(folder / "model.gguf"), "llama", split_max_tensors=per_split)
-    writer.add_uint32("llama.context_length", 4096)
-    for i in range(tensors):
-        writer.add_tensor(f"blk.{i}.w", np.full((2, 4), i, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return sorted(folder.glob("model-*-of-*.gguf"))
 
 
 def test_any_split_of_a_set_mounts_the_whole_set(mount: MountFn, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ tests/test_remote*.py cover it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -136,6 +137,17 @@ def test_a_missing_file_is_an_oserror(published: tuple[ByteSource, str]) -> None
         source.read(join_key(root, "missing"), 0, 4)
     with pytest.raises(OSError):
         source.read_into(join_key(root, "missing"), 0, memoryview(bytearray(4)))
+
+
+def test_a_listed_sha256_is_the_files(published: tuple[ByteSource, str]) -> None:
+    """Where the store's listing gives a file's sha256 (the Hub's LFS files), it is the sha256 of its bytes; local files
+    and S3 objects have none without reading them."""
+    source, root = published
+    listed = {relative: source.listed_sha256(join_key(root, relative)) for relative in FILES}
+    for relative, sha256 in listed.items():
+        assert sha256 is None or sha256 == hashlib.sha256(FILES[relative]).hexdigest(), relative
+    hub = type(source).__name__ == "RemoteFiles" and root.startswith("hf://")
+    assert (listed["a.safetensors"] is not None) == hub  # .safetensors files go to the Hub's LFS
 
 
 def test_splice_moves_the_same_bytes(published: tuple[ByteSource, str]) -> None:

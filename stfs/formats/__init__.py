@@ -27,6 +27,7 @@ __all__ = [
     "TensorEntry",
     "format_of",
     "groups",
+    "strided",
 ]
 
 
@@ -76,3 +77,10 @@ def groups(dtype: str) -> tuple[int, int]:
         return found.block_size, found.type_size
     values = {4: 2, 6: 4}.get(bits, 1)
     return values, values * bits // 8
+
+
+def strided(entry: TensorEntry) -> Any:
+    """The strided tensor of a checkpoint behind ``entry`` (a ``pytorch.Tensor`` whose elements are gathered in C
+    order); ``None`` where the tensor's bytes are one range."""
+    tensor = getattr(entry, "tensor", None)
+    return tensor if tensor is not None and not tensor.contiguous else None

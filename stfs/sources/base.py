@@ -116,6 +116,11 @@ class ByteSource(Protocol):
         readahead inside it."""
         ...
 
+    def listed_sha256(self, key: str) -> str | None:
+        """The sha256 of the file ``key`` as the store lists it, without reading the file (the Hub's LFS files);
+        ``None`` where the store says none."""
+        ...
+
     def close(self) -> None:
         """Release what the source holds (descriptors, connections)."""
         ...

@@ -124,6 +124,10 @@ class Transport:
         """Keys of every file at or below ``key`` (a file or a folder), sorted; ``None`` if the store cannot list."""
         return None
 
+    def sha256(self, key: str) -> str | None:
+        """The sha256 the store's listing gives for ``key`` (the Hub's, of an LFS file), else ``None``."""
+        return None
+
     def refuse_if_expired(self) -> None:
         """Raise, with no request made, once the server has refused the URL itself (an expired presigned URL)."""
 
@@ -351,6 +355,9 @@ class RemoteFiles:
             if not same:
                 changed.append(pin.key)
         return sorted(changed)
+
+    def listed_sha256(self, key: str) -> str | None:
+        return self.transport.sha256(key)
 
     def close(self) -> None:
         """Stop fetching: queued fetches are dropped, running ones end by themselves (each has a timeout)."""

@@ -232,12 +232,14 @@ class HubTransport(Transport):
         revision: str | None = None,
         sizes: dict[str, int] | None = None,
         mtime_ns: int = 0,
+        sha256s: dict[str, str] | None = None,
     ) -> None:
         self.repo = repo
         self.commit = commit
         self.revision = revision or commit  # what SOURCE named: a branch moves on, the mount stays at the commit
         self.oids = files  # path -> the Hub's ETag of it at the commit (LFS sha256 or git blob id)
         self.sizes = sizes or {}  # path -> its size, from the file list
+        self.sha256s = sha256s or {}  # path -> the sha256 of an LFS file, from the file list
         self.mtime_ns = mtime_ns  # the repository's last change: every file's mtime when pinned from the list
         self.files = sorted(files)
         self.endpoint = endpoint.rstrip("/")
@@ -252,6 +254,9 @@ class HubTransport(Transport):
             prefix = f"/{self.repo}/resolve/{self.commit}/"
             self._client = ResolvingClient(self.endpoint, prefix, headers, self.timeout)
         return self._client
+
+    def sha256(self, key: str) -> str | None:
+        return self.sha256s.get(self.path(key))
 
     def lookups(self) -> int:
         return self._client.lookups if self._client is not None else 0
@@ -372,9 +377,10 @@ def _hub(text: str, timeout: float) -> tuple[HubTransport, str]:
     if not info.sha or not re.fullmatch(r"[0-9a-f]{40}", info.sha):
         raise errors.SourceError(f"hf://{repo}@{revision}: the Hub did not say which commit it is (no sha)")
     sizes = {sibling.rfilename: sibling.size for sibling in info.siblings or [] if sibling.size is not None}
+    sha256s = {sibling.rfilename: sibling.lfs.sha256 for sibling in info.siblings or [] if sibling.lfs}
     modified = info.last_modified or info.created_at
     mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else 0
-    transport = HubTransport(repo, info.sha, files, endpoint, token, timeout, revision, sizes, mtime_ns)
+    transport = HubTransport(repo, info.sha, files, endpoint, token, timeout, revision, sizes, mtime_ns, sha256s)
     return transport, transport.base + (f"/{path}" if path else "/")
 
 
