@@ -301,3 +301,35 @@ def test_view_safetensors_is_the_repository_as_safetensors(mount: MountFn, tmp_p
         shard = index["weight_map"][name]
         with safe_open(str(Path(mnt, "safetensors", "big", shard)), framework="pt") as opened:
             assert torch.equal(opened.get_tensor(name), tensor.contiguous()), name  # type: ignore[attr-defined]
+
+
+class HyperParameters(dict):  # type: ignore[type-arg]
+    """A class of the training code, as Lightning's ``AttributeDict`` is: outside weights_only's allow-list."""
+
+
+def test_a_lightning_style_ckpt_in_pickle_protocol_4_mounts_its_state_dict(mount: MountFn, tmp_path: Path) -> None:
+    """A ``.ckpt`` as Lightning saves one: the model under ``state_dict``, beside optimizer states (tensors too) and
+    hyper-parameters of a class of the trainer's own; written with ``pickle_protocol=4``."""
+    tensors = {f"model.{name}": tensor for name, tensor in state_dict().items()}
+    checkpoint = {
+        "epoch": 3,
+        "global_step": 1200,
+        "pytorch-lightning_version": "2.4.0",
+        "state_dict": tensors,
+        "optimizer_states": [{"state": {0: {"exp_avg": torch.zeros(10, 8)}}, "param_groups": [{"lr": 1e-3}]}],
+        "hyper_parameters": HyperParameters(lr=1e-3, layers=2),
+    }
+    path = tmp_path / "epoch=3-step=1200.ckpt"
+    torch.save(checkpoint, path, pickle_protocol=4)
+    assert path.read_bytes()[:2] == b"PK"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run([sys.executable, "-m", "stfs", "mount", str(path), str(mnt)])
+    try:
+        assert result.returncode == 0, result.stderr
+        assert "HyperParameters" in result.stderr and "weights_only" in result.stderr  # named, still mounted
+        check_tensors(mnt, tensors, path)
+        assert sorted(os.listdir(Path(mnt, "tensors"))) == ["model"]  # the state_dict, not the optimizer's state
+        assert set(json.loads(Path(mnt, "header.json").read_bytes())) == {"__metadata__", *tensors}
+    finally:
+        run([sys.executable, "-m", "stfs", "unmount", str(mnt)])
