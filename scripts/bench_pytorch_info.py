@@ -78,7 +78,9 @@ def shapes(size_mib: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def write_checkpoint(path: str, size_mib: int) -> None:
+def write_checkpoint(path: str, size_mib: int, legacy: bool = False) -> None:
+    """``torch.save`` of ``shapes(size_mib)``'s zeros at ``path`` unless it exists (``legacy``: the layout before
+    PyTorch 1.6, ``_use_new_zipfile_serialization=False``)."""
     import torch
 
     if os.path.exists(path):
@@ -86,7 +88,8 @@ def write_checkpoint(path: str, size_mib: int) -> None:
     state = {name: torch.zeros(shape) for name, shape in shapes(size_mib).items()}
     partial = os.path.join(os.path.dirname(path), ".partial")
     os.makedirs(partial, exist_ok=True)
-    torch.save(state, os.path.join(partial, os.path.basename(path)))  # the archive's top folder: the file's stem
+    # Saved as its own name in a folder of its own: the archive's top folder is the file's stem.
+    torch.save(state, os.path.join(partial, os.path.basename(path)), _use_new_zipfile_serialization=not legacy)
     os.replace(os.path.join(partial, os.path.basename(path)), path)
 
 
