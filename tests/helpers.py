@@ -41,6 +41,16 @@ def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
     return subprocess.run(command, **kwargs)  # type: ignore[call-overload]
 
 
+def refusal(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``stfs mount SOURCE`` on a mountpoint under ``tmp_path``, expected to refuse: its result, once nothing is
+    mounted there (nothing half-mounted)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir(exist_ok=True)
+    result = run([sys.executable, "-m", "stfs", "mount", str(source), str(mnt)])
+    assert not os.path.ismount(mnt)
+    return result
+
+
 def stfs_command(*args: str, **kwargs: object) -> subprocess.CompletedProcess:
     """The stfs command of this checkout, as a user runs it (``python -m stfs`` from the repository)."""
     kwargs.setdefault("timeout", 120)

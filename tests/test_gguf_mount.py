@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from gguf import GGUFReader, GGUFWriter, quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from stfs.formats import gguf
-from tests.helpers import MountFn, run
+from tests.helpers import MountFn, refusal, run
 from tests.servers import FakeHub, Nginx
 from tests.test_gguf_format import write_split_set
 
@@ -148,14 +147,6 @@ def test_a_folder_holding_both_formats_mounts_every_model(mount: MountFn, tmp_pa
     assert os.getxattr(Path(mnt, "small", "tensors", "w"), "user.gguf.dtype") == b"F32"
     assert os.getxattr(Path(mnt, "model", "tensors", "w"), "user.safetensors.dtype") == b"F32"
     assert Path(mnt, "files", "README.md").read_text() == "a model\n"
-
-
-def refusal(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir(exist_ok=True)
-    result = run([sys.executable, "-m", "stfs", "mount", str(source), str(mnt)])
-    assert not os.path.ismount(mnt)  # nothing half-mounted
-    return result
 
 
 def test_a_broken_file_is_refused_in_one_line(tmp_path: Path, require_fuse: None) -> None:
