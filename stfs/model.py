@@ -11,7 +11,7 @@ import math
 import os
 import posixpath
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -153,14 +153,28 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
     except OSError as exc:
         raise errors.UnreadableFile(f"{key}: cannot open: {exc.strerror or exc}") from exc
 
-    def fetch(offset: int, size: int) -> bytes:
-        try:
-            return source.read(key, offset, size)
-        except OSError as exc:
-            raise errors.UnreadableFile(f"{key}: cannot read: {exc.strerror or exc}") from exc
-
     read = format_of(key).read_header
+    fetch = _Fetcher(source, key)
     return read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
+
+
+class _Fetcher:
+    """``(offset, size) -> bytes`` of the file ``key`` of ``source``, for a format's header reader; ``many`` reads
+    ranges that do not depend on each other (a checkpoint's storages' local headers) at once: in parallel from a
+    remote source, where each is a request."""
+
+    def __init__(self, source: ByteSource, key: str) -> None:
+        self.source = source
+        self.key = key
+
+    def __call__(self, offset: int, size: int) -> bytes:
+        try:
+            return self.source.read(self.key, offset, size)
+        except OSError as exc:
+            raise errors.UnreadableFile(f"{self.key}: cannot read: {exc.strerror or exc}") from exc
+
+    def many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return _each(lambda where: self(*where), list(ranges), self.source.concurrency)
 
 
 def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import MountFn, run
-from tests.servers import FakeHub, Nginx
+from tests.servers import FakeHub, FaultProxy, Nginx
 
 torch = pytest.importorskip("torch")
 
@@ -94,3 +96,32 @@ def test_a_bin_only_hub_repository_mounts_and_serves_safetensors(hub: FakeHub, m
         assert sorted(opened.keys()) == sorted(tensors)
         for key, tensor in tensors.items():
             assert torch.equal(opened.get_tensor(key), tensor), key
+
+
+def test_the_storages_local_headers_are_asked_for_at_once(
+    nginx: Nginx, fault_proxy: Callable[[str], FaultProxy], tmp_path: Path
+) -> None:
+    """A zip's storages each have a local header to read (where the data starts): the requests for them are in
+    flight together, not one after another. The proxy holds each request until 4 wait or half a second passes."""
+    local = tmp_path / "pytorch_model.bin"
+    tensors = checkpoint(local, 4)
+    url = nginx.put("pytorch_model.bin", local.read_bytes())
+    proxy = fault_proxy(nginx.url)
+    held = threading.Condition()
+    waiting = [0, 0]  # now, the most at once
+
+    def hold(number: int, method: str, target: str) -> None:
+        with held:
+            waiting[0] += 1
+            waiting[1] = max(waiting[1], waiting[0])
+            held.notify_all()
+            held.wait_for(lambda: waiting[0] >= 4, timeout=0.5)
+            waiting[0] -= 1
+
+    proxy.on_request(hold)
+    result = run([sys.executable, "-m", "stfs", "info", url.replace(nginx.url, proxy.url), "--json"])
+
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["models"][0]["tensors"]) == len(tensors)
+    assert proxy.stats().requests > len(tensors)  # a request per storage, and the archive's directory
+    assert waiting[1] >= 4

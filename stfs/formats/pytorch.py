@@ -1731,7 +1731,7 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
     absolute: a contiguous one's bytes; a strided one's ``end - begin`` its size in C order, gathered by its
     ``tensor``), ``header.json`` the equivalent safetensors file's JSON, metadata ``{"format": "pt"}``;
     the ``Checkpoint`` itself as ``parsed`` (its globals, for ``check``)."""
-    checkpoint = read_checkpoint(fetch, file_size, path=path)
+    checkpoint = read_checkpoint(fetch, file_size, path=path, read_many=getattr(fetch, "many", None))
     served = checkpoint.tensors
     made = header_json(served)
     return Header(
