@@ -18,7 +18,8 @@ alternate each command and its reference (which goes first turns round every rou
    else the same tensors in another order (the view keeps the checkpoint's order, SPEC §12; save_file sorts).
 3. info over HTTP: ``python3 -m stfs info URL --json`` of a 64 MiB checkpoint behind nginx on 127.0.0.1, zip
    layout and the older one (``_use_new_zipfile_serialization=False``): requests and body bytes in nginx's access
-   log (target: at most 1 MiB).
+   log (target: at most 1 MiB); then the same through the tests' fault proxy adding 20 ms to every request (a
+   link to a distant server): wall seconds, where the requests that do not depend on each other go out together.
 4. hostile pickles: ``python3 -m stfs check FILE`` of each of fuzz_pickle.py's hostile checkpoints (billion
    laughs, 100,000-deep nesting, strings longer than the file, ...) under ``/usr/bin/time``: wall seconds, peak
    RSS, exit status and the error line (target: refused, exit 1, one line, within 20 s and 400 MiB).
@@ -49,7 +50,7 @@ sys.path.insert(0, REPO)
 from scripts.bench_pytorch_info import TORCH_LIST, write_checkpoint  # noqa: E402
 from scripts.benchlib import MIB, cpu_seconds, environment, log, stfs_command  # noqa: E402
 from scripts.fuzz_pickle import HOSTILE, hostile_checkpoint  # noqa: E402
-from tests.servers import Nginx, find_tool  # noqa: E402
+from tests.servers import FaultProxy, Nginx, find_tool  # noqa: E402
 
 MOUNT_PREFIX = "/tmp/bench-pytorch-mnt"
 HOSTILE_SECONDS, HOSTILE_MIB = 20, 400
@@ -267,6 +268,9 @@ def measure_view(files: Files, rounds: int, env: dict[str, str]) -> None:
     print(f"   ratio view / real rate: fresh {fresh:.3f}x, warm {warm:.3f}x   target (warm) >= 0.9x", flush=True)
 
 
+LATENCY = 0.02  # seconds the fault proxy adds to each request
+
+
 def measure_remote(files: Files, data: Path, env: dict[str, str]) -> None:
     executable = find_tool("nginx")
     if executable is None:
@@ -290,6 +294,14 @@ def measure_remote(files: Files, data: Path, env: dict[str, str]) -> None:
                 f" {transfer.bytes:,} bytes ({transfer.bytes / MIB:.3f} MiB; target <= 1 MiB) in {seconds:.2f} s",
                 flush=True,
             )
+        proxy = FaultProxy(nginx.url).start()
+        try:
+            proxy.set_latency(LATENCY)
+            for layout, path in files.remote.items():
+                seconds, _ = timed_run(stfs_command("info", f"{proxy.url}/{path.name}", "--json"), env)
+                print(f"   {layout:6} with {LATENCY * 1000:.0f} ms a request: {seconds:.2f} s", flush=True)
+        finally:
+            proxy.stop()
     finally:
         nginx.stop()
 
