@@ -42,8 +42,10 @@ def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stfs",
-        description="Mount safetensors models read-only, every tensor an ordinary file; list and validate them from "
-        "their headers. SOURCE is " + SOURCE_HELP + ". `stfs SOURCE MNT -o OPTIONS` is stfs mount as mount(8) runs "
+        description="Mount model weights (safetensors, GGUF, PyTorch checkpoints) read-only, every tensor an "
+        "ordinary file; list, validate and compare them. SOURCE is "
+        + SOURCE_HELP
+        + ". `stfs SOURCE MNT -o OPTIONS` is stfs mount as mount(8) runs "
         "it for fstab's type fuse.stfs.",
         epilog="example: stfs mount hf://Qwen/Qwen2.5-0.5B mnt",
     )
