@@ -125,3 +125,35 @@ def test_the_storages_local_headers_are_asked_for_at_once(
     assert len(json.loads(result.stdout)["models"][0]["tensors"]) == len(tensors)
     assert proxy.stats().requests > len(tensors)  # a request per storage, and the archive's directory
     assert waiting[1] >= 4
+
+
+def test_diff_of_a_remote_checkpoint_against_its_safetensors_conversion(nginx: Nginx, tmp_path: Path) -> None:
+    """``stfs diff URL-of-a-.bin local.safetensors``: identical, a transposed weight compared in C order, each
+    tensor byte fetched about once (SPEC §10: at most 1.1 x the bytes compared)."""
+    from safetensors.torch import save_file
+
+    local = tmp_path / "pytorch_model.bin"
+    tensors = checkpoint(local, 8)
+    tensors["lm_head.weight"] = torch.randn(256, 512).t()  # a transpose: gathered from its storage
+    torch.save(tensors, local)
+    converted = tmp_path / "model.safetensors"
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(converted))  # type: ignore[attr-defined]
+    url = nginx.put("pytorch_model.bin", local.read_bytes())
+    nginx.log.clear()
+
+    result = run([sys.executable, "-m", "stfs", "diff", "--json", url, str(converted)])
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["summary"]["identical"] == len(tensors)
+    compared = sum(t.numel() * t.element_size() for t in tensors.values())  # type: ignore[attr-defined]
+    fetched = nginx.log.transfer().bytes
+    assert compared <= fetched <= 1.1 * compared + MIB, (fetched, compared)  # the pickle's reads on top
+
+    changed = dict(tensors)
+    changed["lm_head.weight"] = tensors["lm_head.weight"].clone()  # type: ignore[attr-defined]
+    changed["lm_head.weight"][300, 7] = float("nan")
+    torch.save(changed, tmp_path / "nan.bin")
+    url = nginx.put("nan.bin", (tmp_path / "nan.bin").read_bytes())
+    result = run([sys.executable, "-m", "stfs", "check", "--values", url])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{url}: tensor 'lm_head.weight': 1 NaN, 0 +inf, 0 -inf, the first at [300, 7]" in result.stdout
