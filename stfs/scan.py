@@ -8,7 +8,7 @@ source then fetches ahead within it in parallel (SPEC §7).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,20 +44,8 @@ class Reader:
     def chunks(self, key: str, offset: int, size: int, step: int | None = None) -> Iterator[np.ndarray]:
         """The ``size`` bytes of ``key`` at ``offset``, ``step`` bytes at a time (the last may be shorter), each
         overwritten by the next; the range is the ``span`` of every read. ``UnreadableFile`` if a read fails."""
-        step = min(step or len(self.buffer), len(self.buffer))
         span = (offset, offset + size)
-        done = 0
-        while done < size:
-            count = min(step, size - done)
-            self.read(key, offset + done, count, span)
-            yield self.buffer[:count]
-            done += count
-
-    def read(self, key: str, offset: int, count: int, span: tuple[int, int]) -> None:
-        """Fill the start of the buffer with ``count`` bytes of ``key`` at ``offset``."""
-        self._fill(key, offset, self._view[:count], span)
-        if self.progress is not None:
-            self.progress.update(count)
+        return self._stepped(size, step, lambda done, view: self._fill(key, offset + done, view, span))
 
     def gathered_chunks(
         self, key: str, tensor: StridedTensor, size: int, step: int | None = None
@@ -67,7 +55,6 @@ class Reader:
         time; the storage's part that holds them is the ``span`` of every read."""
         from .formats.pytorch import gather_into
 
-        step = min(step or len(self.buffer), len(self.buffer))
         first, length = tensor.span
         span = (first, first + length)
 
@@ -76,10 +63,15 @@ class Reader:
             self._fill(key, offset, memoryview(found), span)
             return bytes(found)
 
+        return self._stepped(size, step, lambda done, view: gather_into(tensor, read, done, view))
+
+    def _stepped(self, size: int, step: int | None, fill: Callable[[int, memoryview], None]) -> Iterator[np.ndarray]:
+        """``size`` bytes, ``step`` at a time, each put into the buffer by ``fill(bytes done, view)``."""
+        step = min(step or len(self.buffer), len(self.buffer))
         done = 0
         while done < size:
             count = min(step, size - done)
-            gather_into(tensor, read, done, self._view[:count])
+            fill(done, self._view[:count])
             if self.progress is not None:
                 self.progress.update(count)
             yield self.buffer[:count]
