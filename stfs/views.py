@@ -242,7 +242,8 @@ def safetensors_name(path: str) -> str:
 def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models: Iterable[Model]) -> None:
     """``safetensors/``: ``files/`` with each PyTorch checkpoint a safetensors file of its tensors (the header made
     from its pickle, then each tensor's bytes: ranges of the checkpoint, or gathered), and a checkpoints' index
-    naming those files; a name that ``files/`` already holds keeps that file."""
+    naming those files; a name that ``files/`` already holds keeps that file (and the checkpoint that would have
+    had it is left out: ``safetensors/`` holds no pickle it could have converted)."""
     from .formats import pytorch
 
     headers = {shard.header.path: shard.header for model in models for shard in model.shards}
@@ -256,8 +257,8 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
         if model is not None:
             converted = all(isinstance(shard.header.parsed, pytorch.Checkpoint) for shard in model.shards)
         name = safetensors_name(file.path) if converted else file.path
-        if converted and name in held:
-            converted, name = False, file.path
+        if converted and name in held:  # the repository has it as safetensors already: that file, and no pickle
+            continue
         segments: tuple[Segment, ...]
         if converted and header is not None:
             made = pytorch.safetensors_file(header.parsed.tensors)

@@ -325,3 +325,25 @@ def test_a_lightning_style_ckpt_in_pickle_protocol_4_mounts_its_state_dict(mount
         assert set(json.loads(Path(mnt, "header.json").read_bytes())) == {"__metadata__", *tensors}
     finally:
         run([sys.executable, "-m", "stfs", "unmount", str(mnt)])
+
+
+def test_view_safetensors_keeps_a_safetensors_file_the_repository_already_has(mount: MountFn, tmp_path: Path) -> None:
+    """A repository shipping both ``pytorch_model.bin`` and ``model.safetensors`` (many do): ``safetensors/`` keeps
+    the real ``model.safetensors``, not one made from the pickle, and makes the others' files."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "both"
+    folder.mkdir()
+    tensors = state_dict()
+    torch.save(tensors, folder / "pytorch_model.bin")
+    real = {"only.in.the.real.file": torch.ones(3)}
+    save_file(real, str(folder / "model.safetensors"))
+    torch.save({"w": torch.zeros(2, 2)}, folder / "extra.pt")
+    mnt = mount(str(folder), options=["view=safetensors"])
+    assert sorted(os.listdir(Path(mnt, "safetensors"))) == ["extra.safetensors", "model.safetensors"]
+    served = Path(mnt, "safetensors", "model.safetensors").read_bytes()
+    assert served == (folder / "model.safetensors").read_bytes()
+    from safetensors import safe_open
+
+    with safe_open(str(Path(mnt, "safetensors", "extra.safetensors")), framework="pt") as opened:
+        assert torch.equal(opened.get_tensor("w"), torch.zeros(2, 2))
