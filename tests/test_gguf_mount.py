@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter, quants
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from stfs.formats import gguf
+from tests import test_gguf_format as gguf_format
 from tests.helpers import MountFn, refusal, run
 from tests.servers import FakeHub, Nginx
 from tests.test_gguf_format import write_split_set
@@ -26,21 +27,19 @@ NUMPY_KEEPS = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I16": "<i2
 INTEGERS = {"I8", "I16", "I32", "I64"}
 
 
-def write(path: Path, tensors: dict[str, tuple[np.ndarray, GGMLQuantizationType | None]], **keys: object) -> Path:
-    """A GGUF written by GGUFWriter: ``tensors`` name -> (array, raw_dtype); ``keys`` added as gguf-py types them."""
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_uint32("llama.context_length", 4096)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_array("tokenizer.ggml.tokens", ["<s>", "hello", "é"])
-    for key, value in keys.items():
-        writer.add_string(key, str(value))
-    for name, (array, raw_dtype) in tensors.items():
-        writer.add_tensor(name, array, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+def write(path: Path, tensors: dict[str, tuple[np.ndarray, GGMLQuantizationType | None]], **keys: str) -> Path:
+    """A GGUF written by GGUFWriter (``test_gguf_format.write``) with a llama's context length, an epsilon and a
+    vocabulary of three tokens, and ``keys`` as strings."""
+    return gguf_format.write(
+        path,
+        tensors,
+        **{
+            "llama.context_length": (4096, GGUFValueType.UINT32),
+            "llama.attention.layer_norm_rms_epsilon": (1e-5, GGUFValueType.FLOAT32),
+            "tokenizer.ggml.tokens": (["<s>", "hello", "é"], GGUFValueType.ARRAY, GGUFValueType.STRING),
+        },
+        **{key: (value, GGUFValueType.STRING) for key, value in keys.items()},
+    )
 
 
 def every_type(path: Path) -> Path:
