@@ -595,7 +595,10 @@ def _compare_with_torch(data: bytes, checkpoint: pytorch.Checkpoint, read: Calla
         mine = got[name]
         if list(tensor.shape) != list(mine.shape):
             return f"{name}: shape {list(tensor.shape)} vs {list(mine.shape)}"
-        raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        # Copied into a fresh tensor: contiguous() keeps a mutated stride on a dimension of size 1, which view()
+        # then refuses.
+        plain = torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor)
+        raw = plain.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
         if raw != pytorch.gather(mine, read):
             return f"{name}: bytes differ"
     return ""
