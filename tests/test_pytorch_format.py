@@ -442,6 +442,23 @@ def test_zip_refusals(mutation: dict[str, Any], error: type[errors.PytorchError]
     assert str(caught.value).startswith("m.bin: ") and "\n" not in str(caught.value)
 
 
+def test_a_storage_entry_marked_a_directory_is_refused() -> None:
+    """The fuzzer's find: a central directory entry whose external attributes carry MS-DOS's directory bit. torch's
+    reader takes it for a folder, reads none of its bytes and loads the storage's uninitialised memory; stfs
+    refuses the file rather than serve what torch would not."""
+    data = bytearray(save({"w": torch.arange(5, dtype=torch.int64)}))
+    entry = bytes(data).rindex(b"PK\x01\x02", 0, bytes(data).rindex(b"archive/data/0"))
+    assert bytes(data[entry + 46 : entry + 46 + 14]) == b"archive/data/0"
+    struct.pack_into("<L", data, entry + 38, 0x10)  # external attributes
+    with pytest.raises(errors.InvalidZipArchive, match="'archive/data/0' is marked a directory") as caught:
+        read(bytes(data), "m.bin")
+    assert str(caught.value).startswith("m.bin: ") and "\n" not in str(caught.value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = torch.load(io.BytesIO(bytes(data)), weights_only=True)
+    assert loaded["w"].shape == (5,)  # torch loads it, with bytes that are not the file's
+
+
 def test_no_byteorder_record_means_little_endian() -> None:
     data = fz.checkpoint_zip(ONE_TENSOR, {"0": FOUR_FLOATS}, byteorder=None)
     assert names_of(read(data)) == ["w"]

@@ -1304,6 +1304,7 @@ class _Entry:
     compressed: int
     size: int
     header_offset: int
+    external: int = 0  # its external attributes: 0x10, MS-DOS's directory bit, marks a folder
 
 
 _EOCD = struct.Struct("<4s4H2LH")
@@ -1374,7 +1375,7 @@ def _zip_directory(read: Read, size: int, path: str) -> tuple[list[_Entry], int]
         fields = _CENTRAL.unpack_from(directory, pos)
         signature, flags, method = fields[0], fields[5], fields[6]
         compressed, usize, name_len, extra_len, comment_len, disk_start = (*fields[10:14], fields[14], fields[15])
-        header_offset = fields[18]
+        external, header_offset = fields[17], fields[18]
         if signature != b"PK\x01\x02":
             raise fail(path, f"a central directory entry without its signature at byte {cd_offset + pos}")
         pos += _CENTRAL.size
@@ -1387,7 +1388,7 @@ def _zip_directory(read: Read, size: int, path: str) -> tuple[list[_Entry], int]
         if 0xFFFFFFFF in (usize, compressed, header_offset) or disk_start == 0xFFFF:
             usize, compressed, header_offset = _zip64_extra(extra, usize, compressed, header_offset, path)
         name = raw_name.decode("utf-8" if flags & 0x800 else "cp437", "replace")
-        entries.append(_Entry(name, raw_name, method, flags, compressed, usize, header_offset))
+        entries.append(_Entry(name, raw_name, method, flags, compressed, usize, header_offset, external))
     return entries, cd_offset
 
 
@@ -1485,6 +1486,8 @@ def _next_headers(wanted: Sequence[_Entry], entries: Sequence[_Entry], cd_start:
 
 
 def _stored(entry: _Entry, path: str) -> None:
+    if entry.external & 0x10:  # torch's reader (miniz) takes it for a folder and reads none of its bytes
+        raise errors.InvalidZipArchive(path, f"entry {entry.name!r} is marked a directory (its external attributes)")
     if entry.flags & 0x1:
         raise errors.CompressedEntry(path, f"entry {entry.name!r} is encrypted")
     if entry.method != 0 or entry.compressed != entry.size:
