@@ -24,7 +24,8 @@ import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .formats.safetensors import DTYPE_BITS
+from . import formats
+from .formats.dtypes import DTYPE_BITS
 
 F32 = np.dtype("<f4")
 
@@ -157,19 +158,19 @@ CODECS: dict[str, Codec] = _codecs()
 def codec(dtype: str) -> Codec | None:
     """How ``dtype`` becomes float32; ``None`` for F32 (its own bytes) and for dtypes with no float value to give:
     integers, BOOL, C64, and GGML types the ``gguf`` package cannot decode (Q8_1, Q8_K, Q1_0)."""
-    return CODECS.get(dtype) or _ggml_codec(dtype)
+    return CODECS.get(dtype) or _format_codec(dtype)
 
 
 def has_values(dtype: str) -> bool:
     """Whether ``dtype``'s values can be read as numbers (``stats/``): every dtype but C64 and the GGML types the
     ``gguf`` package cannot decode."""
-    return dtype in DTYPE_BITS and dtype != "C64" or _ggml_codec(dtype) is not None
+    return dtype in DTYPE_BITS and dtype != "C64" or _format_codec(dtype) is not None
 
 
 def is_float(dtype: str) -> bool:
     """A float dtype of safetensors, or a GGML type the ``gguf`` package decodes (a quantized type's values are
     floats)."""
-    return dtype in FLOATS or _ggml_codec(dtype) is not None
+    return dtype in FLOATS or _format_codec(dtype) is not None
 
 
 FLOATS = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}) | {
@@ -181,28 +182,18 @@ FLOATS = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0",
 
 
 @cache
-def _ggml_codec(dtype: str) -> Codec | None:
-    """A GGML type's decoding: ``gguf.quants.dequantize`` of whole blocks, as ggml computes them."""
-    if dtype in DTYPE_BITS:  # named alike in both formats (F32, F16, BF16, F64, I8-I64): the same values
+def _format_codec(dtype: str) -> Codec | None:
+    """The decoding of a dtype its format decodes itself (a GGML type: ``gguf.quants.dequantize`` of whole blocks,
+    as ggml computes them); ``None`` for another dtype, or one no decoding is known for (Q8_K)."""
+    if dtype in DTYPE_BITS:  # named alike in every format (F32, F16, BF16, F64, I8-I64): the same values
         return None
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    from .formats import gguf
-
     try:
-        found = gguf.ggml_type(dtype)
+        found = formats.dtype(dtype)
     except KeyError:
         return None
-    if not found.dequantizable:
+    if found.decode is None:
         return None
-    qtype = GGMLQuantizationType(found.id)
-
-    def decode(source: memoryview, out: memoryview) -> None:
-        with np.errstate(all="ignore"):  # NaN and inf scales give NaN and inf values, as ggml's do: no warning
-            np.copyto(_floats(out), dequantize(np.frombuffer(source, dtype=np.uint8), qtype).reshape(-1))
-
-    return Codec(dtype, found.type_size, found.block_size, decode)
+    return Codec(dtype, found.group_bytes, found.group_values, found.decode)
 
 
 def npy_header(descr: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -260,12 +251,12 @@ def to_float64(dtype: str, source: memoryview, out: np.ndarray) -> np.ndarray:
     if dtype in _CODE_BITS:
         found = codes(dtype, source)
         return np.take(code_values(dtype), found, out=out[: len(found)], mode="clip")
-    if dtype not in DTYPE_BITS:  # a GGML type: its float32 values, as ggml decodes them
-        ggml = _ggml_codec(dtype)
-        assert ggml is not None
-        count = len(source) // ggml.group_bytes * ggml.group_values
+    if dtype not in DTYPE_BITS:  # a dtype its format decodes (a GGML type): its float32 values
+        decoding = _format_codec(dtype)
+        assert decoding is not None
+        count = len(source) // decoding.group_bytes * decoding.group_values
         floats = bytearray(4 * count)
-        ggml.decode(source, memoryview(floats))
+        decoding.decode(source, memoryview(floats))
         np.copyto(out[:count], np.frombuffer(floats, dtype=F32))
         return out[:count]
     values = np.frombuffer(source, dtype=NATIVE.get(dtype) or _CODE_DTYPES[dtype])

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .formats.safetensors import DTYPE_BITS
+from . import formats
 from .info import printable
 from .model import Tensor, resolve
 from .progress import ByteProgress, Progress
@@ -280,7 +280,7 @@ class _Comparison:
     def _bytes(self, a: Tensor, b: Tensor) -> tuple[bool, int | None]:
         """Two tensors of one dtype without values (C64) compared by bytes: whether they are the same, and how many
         elements differ (``None`` for a dtype whose element size stfs does not know)."""
-        element = DTYPE_BITS.get(a.dtype, 0) // 8
+        element = formats.dtype(a.dtype).element_bytes
         step = CHUNK_BYTES // element * element if element else CHUNK_BYTES
         same, differ = True, 0
         for raw_a, raw_b in self._chunks(a, b, step, step):

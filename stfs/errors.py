@@ -21,6 +21,7 @@ class FormatError(StfsError):
 
     rule = 0
     title = "invalid safetensors file"
+    refutes_format = False  # the file is not of the format at all (a zip that is no checkpoint), not a broken one
 
     def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
         self.path = path
@@ -265,6 +266,10 @@ class SourceError(StfsError):
     """A SOURCE argument is not a model, an index or a directory of models."""
 
 
+class UnknownFormat(StfsError):
+    """A file of no format stfs reads: the message names the formats it reads."""
+
+
 class ShardError(StfsError):
     """A sharded set breaks a rule (docs/validation.md): index, missing shard, misplaced tensor."""
 
@@ -342,6 +347,7 @@ class NotACheckpoint(PytorchError):
     """The file is neither a torch.save zip archive nor the format before it."""
 
     rule_text = "checkpoint format"
+    refutes_format = True
 
 
 class LegacyTarCheckpoint(PytorchError):

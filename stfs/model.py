@@ -13,28 +13,23 @@ import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from . import errors
-from .formats import FORMATS, PYTORCH, Header, format_of, strided
-from .formats.safetensors import encodable
+from . import errors, formats
+from .formats import INDEX_SUFFIXES, MODEL_SUFFIXES, Format, Header, Scattered, encodable
 from .progress import Progress
 from .sources import ByteSource, Kind, LocalFiles, base_name, join_key, parent_key, relative_key
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-MODEL_SUFFIXES = tuple(suffix for known in FORMATS for suffix in known.suffixes)  # a model each, in a folder
-INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")  # the same weight_map: safetensors', torch's
-PYTORCH_SUFFIXES = PYTORCH.suffixes  # in a folder, a model only when its first bytes are a checkpoint's
 MAX_INDEX_LENGTH = 100_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class Tensor:
-    """A tensor of a model: its bytes are ``size`` bytes of ``file`` at absolute ``offset``; or, for a strided
-    tensor of a PyTorch checkpoint, its elements as ``gathered`` (a ``formats.pytorch.Tensor``) lays them out,
-    put in C order from ``offset``, its first."""
+    """A tensor of a model: its bytes are ``size`` bytes of ``file`` at absolute ``offset``; or, where they are
+    not one range (a strided tensor of a checkpoint), gathered in C order by ``scattered``; ``offset`` its first."""
 
     name: str
     dtype: str
@@ -43,7 +38,7 @@ class Tensor:
     offset: int
     size: int
     shard: str | None = None
-    gathered: Any = field(default=None, compare=False)
+    scattered: Scattered | None = field(default=None, compare=False)
 
     @property
     def parameters(self) -> int:
@@ -72,7 +67,7 @@ class ModelSource:
 
     @property
     def is_split(self) -> bool:
-        """A split of a ``gguf-split`` set (``x-00001-of-00003.gguf``): the whole set is the model."""
+        """A file of a split set (``x-00001-of-00003.gguf``): the whole set is the model."""
         return split_names(base_name(self.path)) is not None
 
 
@@ -87,7 +82,7 @@ class Model:
     index_path: str | None = None
     index_bytes: bytes | None = None  # the index file as read when validated
     warnings: tuple[str, ...] = field(default=())
-    split: bool = False  # a GGUF split set: sharded without an index
+    split: bool = False  # a split set: sharded without an index
     json_made: bytes | None = None  # a sharded set's header.json, where its format makes it (a split set)
 
     @property
@@ -153,8 +148,8 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
     except OSError as exc:
         raise errors.UnreadableFile(f"{key}: cannot open: {exc.strerror or exc}") from exc
 
-    read = format_of(key).read_header
     fetch = _Fetcher(source, key)
+    read = formats.identify(key, fetch, info.size).read_header
     return read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
 
 
@@ -217,8 +212,9 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     for key in sorted(indexes + files):
         if key in shard_keys:
             continue
-        if base_name(key).endswith(PYTORCH_SUFFIXES):
-            header = _checkpoint_header(source, key)
+        claimed = formats.claiming(base_name(key))
+        if claimed is not None and claimed.confirm_in_folder:
+            header = _confirmed_header(source, key, claimed)
             if header is None:
                 continue
             headers[key] = header
@@ -239,22 +235,22 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     return result
 
 
-def _checkpoint_header(source: ByteSource, key: str) -> Header | None:
-    """The header of the file ``key`` found in a folder by a PyTorch suffix, or ``None`` where it is not a model:
-    its first bytes are not a checkpoint's (any ``.bin``), or it holds no tensor (``training_args.bin``,
-    ``optimizer.pt`` of a Trainer holds optimizer state as tensors: a model of its own)."""
-    from .formats import pytorch
-
+def _confirmed_header(source: ByteSource, key: str, claimed: Format) -> Header | None:
+    """The header of the file ``key`` that a folder holds under a name ``claimed`` claims but may hold other files
+    under (any ``.bin``), or ``None`` where it is not a model: its first bytes are not the format's, it is not of
+    the format after all (a zip that is not a torch.save archive), or it holds no tensor (``training_args.bin``)."""
     try:
-        head = source.read(key, 0, 512)
+        head = source.read(key, 0, claimed.head_size)
     except OSError as exc:
         raise errors.UnreadableFile(f"{key}: cannot read: {exc.strerror or exc}") from exc
-    if pytorch.detect(head) is None:
+    if not claimed.sniff(head):
         return None
     try:
         header = read_header(key, source)
-    except errors.NotACheckpoint:  # a zip that is not a torch.save archive
-        return None
+    except errors.FormatError as exc:
+        if exc.refutes_format:
+            return None
+        raise
     return header if header.tensors else None
 
 
@@ -308,7 +304,7 @@ def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
             offset=header.data_start + entry.begin,
             size=entry.size,
             shard=shard.name if sharded else None,
-            gathered=strided(entry),
+            scattered=entry.scattered,
         )
 
 
@@ -453,20 +449,16 @@ def _load_sharded(source: ByteSource, model_source: ModelSource, progress: Progr
 
 
 def split_names(file_name: str) -> tuple[str, list[str]] | None:
-    """For a split of a ``gguf-split`` set, the set's name and its splits' names in order; else ``None``."""
-    if not file_name.endswith(".gguf"):
-        return None
-    from .formats import gguf
-
-    return gguf.split_set_names(file_name)
+    """For a file of a split set, the set's name and its files' names in order; else ``None``."""
+    claimed = formats.claiming(file_name)
+    return claimed.split_set(file_name) if claimed is not None else None
 
 
 def _load_split_set(source: ByteSource, model_source: ModelSource, progress: Progress) -> Model:
-    """A ``gguf-split`` set named by any of its splits: every split read and checked, then merged (SPEC §11)."""
-    from .formats import gguf
-
+    """A split set named by any of its files: every file read and checked, then merged (SPEC §11)."""
+    claimed = formats.claiming(base_name(model_source.path))
     found = split_names(base_name(model_source.path))
-    assert found is not None
+    assert claimed is not None and found is not None
     prefix, names = found
     keys = [join_key(parent_key(model_source.path), name) for name in names]
 
@@ -478,13 +470,13 @@ def _load_split_set(source: ByteSource, model_source: ModelSource, progress: Pro
 
     progress.start(len(keys))
     headers = _each(load_split, keys, source.concurrency)
-    merged = gguf.merge_splits(prefix, names, [header.parsed if header else None for header in headers])
+    merged = claimed.merge_split_set(prefix, names, headers)
     shards = tuple(Shard(name, header) for name, header in zip(names, headers, strict=True) if header is not None)
     return Model(
         name=model_source.name,
         path=keys[0],
-        metadata=gguf.metadata_texts(merged.metadata),
+        metadata=merged.metadata,
         shards=shards,
         split=True,
-        json_made=gguf.header_json(merged),
+        json_made=merged.json_made,
     )

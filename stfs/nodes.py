@@ -17,11 +17,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .formats import TensorEntry
+from .formats import Scattered, TensorEntry
 
 if TYPE_CHECKING:
     from .decode import Codec
-    from .formats.pytorch import Tensor as StridedTensor
     from .summary import Finished, Make
 
 DIR_MODE = stat.S_IFDIR | 0o555
@@ -43,9 +42,8 @@ class Range:
 
 
 class Gathered:
-    """The ``size`` bytes of a strided tensor ``tensor`` (a ``formats.pytorch.Tensor``: a transpose, a slice with
-    a step) in C order, gathered from its storage in the source file ``key`` as read; ``offset`` is where its
-    first element lies (``user.pytorch.offset``).
+    """The ``size`` bytes of a tensor that is not one range of the source file ``key`` (a ``formats.Scattered``: a
+    strided tensor of a checkpoint), in C order, gathered as read; ``offset`` is where its first element lies.
 
     The views made from a tensor's bytes (``Decoded``, ``Summary``) read it through ``reader``: there, the bytes
     ``offset`` + k of ``key`` stand for byte k of the tensor in C order.
@@ -53,20 +51,18 @@ class Gathered:
 
     __slots__ = ("key", "offset", "size", "tensor")
 
-    def __init__(self, key: str, offset: int, size: int, tensor: StridedTensor) -> None:
+    def __init__(self, key: str, offset: int, size: int, tensor: Scattered) -> None:
         self.key = key
         self.offset = offset
         self.size = size
         self.tensor = tensor
 
     def __repr__(self) -> str:
-        return f"Gathered({self.key!r}, {self.offset}, {self.size}, {self.tensor.shape}, {self.tensor.strides})"
+        return f"Gathered({self.key!r}, {self.offset}, {self.size}, {self.tensor!r})"
 
     def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
         """Fill all of ``view`` with the tensor's bytes in C order from ``start`` (within ``size``); ``OSError`` if
         the source is short."""
-        from .formats.pytorch import gather_into
-
         span = self.tensor.span
         span = (span[0], span[0] + span[1])
 
@@ -77,7 +73,7 @@ class Gathered:
                 raise OSError(f"{self.key}: short read at byte {offset}")
             return bytes(buffer)
 
-        gather_into(self.tensor, read, start, view)
+        self.tensor.read_into(read, start, view)
 
     def reader(self, read_source: ReadInto) -> ReadInto:
         """A ``ReadInto`` of the tensor's bytes in C order, at ``offset`` of ``key`` on (see above)."""

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import errors
+from .formats import Scattered
 from .model import Model, Tensor
 from .progress import ByteProgress
 from .sources import ByteSource
-
-if TYPE_CHECKING:
-    from .formats.pytorch import Tensor as StridedTensor
 from .values import Specials, byte_count, count_specials, has_specials, may_hold_specials, values_per_chunk
 
 CHUNK_BYTES = 1 << 20  # read at once from a source: two of them and their scratch stay in a CPU's cache
@@ -47,14 +44,10 @@ class Reader:
         span = (offset, offset + size)
         return self._stepped(size, step, lambda done, view: self._fill(key, offset + done, view, span))
 
-    def gathered_chunks(
-        self, key: str, tensor: StridedTensor, size: int, step: int | None = None
-    ) -> Iterator[np.ndarray]:
-        """The first ``size`` bytes of the strided tensor ``tensor`` of ``key`` in C order, as ``chunks`` gives a
-        range's: its elements gathered from the storage (``formats.pytorch.gather_into``), ``step`` bytes at a
-        time; the storage's part that holds them is the ``span`` of every read."""
-        from .formats.pytorch import gather_into
-
+    def gathered_chunks(self, key: str, tensor: Scattered, size: int, step: int | None = None) -> Iterator[np.ndarray]:
+        """The first ``size`` bytes of the tensor ``tensor`` of ``key`` in C order, as ``chunks`` gives a range's:
+        its elements gathered (``Scattered.read_into``), ``step`` bytes at a time; the part of ``key`` that holds
+        them is the ``span`` of every read."""
         first, length = tensor.span
         span = (first, first + length)
 
@@ -63,7 +56,7 @@ class Reader:
             self._fill(key, offset, memoryview(found), span)
             return bytes(found)
 
-        return self._stepped(size, step, lambda done, view: gather_into(tensor, read, done, view))
+        return self._stepped(size, step, lambda done, view: tensor.read_into(read, done, view))
 
     def _stepped(self, size: int, step: int | None, fill: Callable[[int, memoryview], None]) -> Iterator[np.ndarray]:
         """``size`` bytes, ``step`` at a time, each put into the buffer by ``fill(bytes done, view)``."""
@@ -91,8 +84,8 @@ def tensor_chunks(
 ) -> Iterator[np.ndarray]:
     """The first ``size`` bytes (all) of ``tensor`` in C order through ``reader``, ``step`` bytes at a time."""
     size = tensor.size if size is None else size
-    if tensor.gathered is not None:
-        return reader.gathered_chunks(tensor.file, tensor.gathered, size, step)
+    if tensor.scattered is not None:
+        return reader.gathered_chunks(tensor.file, tensor.scattered, size, step)
     return reader.chunks(tensor.file, tensor.offset, size, step)
 
 

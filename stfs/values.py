@@ -24,7 +24,7 @@ import numpy as np
 
 from .decode import has_values
 from .formats import groups
-from .formats.safetensors import DTYPE_BITS as DTYPES
+from .formats.dtypes import DTYPE_BITS as DTYPES
 
 _libc = ctypes.CDLL(None)
 _memcmp = _libc.memcmp

@@ -18,11 +18,13 @@ byte a node holds in memory was read while the model was validated.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from . import formats
 from .errors import TreeError
-from .formats import Header, TensorEntry, strided
+from .formats import Header, TensorEntry
 from .model import Model, SourceFile
 from .nodes import Decoded, FileNode, Gathered, Range, Segment, ShardData, Summary
 from .readahead import jump_window_kb
@@ -97,7 +99,7 @@ def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
         header = shard.header
         data, mtime = ShardData(header.path, header.data_start), header.mtime_ns
         inodes = tree.take_inodes(len(header.tensors))
-        if header.tensors and header.tensors[0].namespace == "pytorch":  # a checkpoint may hold strided tensors
+        if header.scattered:  # some tensor's bytes are gathered, not one range
             for inode, entry in zip(inodes, header.tensors, strict=True):
                 source = _source(header.path, 0, entry)
                 stored = data if type(source) is Range else (source,)
@@ -191,10 +193,10 @@ def _tensors(model: Model) -> Iterator[tuple[str, int, int, TensorEntry]]:
 
 
 def _source(key: str, start: int, entry: TensorEntry) -> Range | Gathered:
-    """A tensor's bytes: a ``Range`` of its file, or a strided tensor of a checkpoint gathered in C order."""
-    gathered = strided(entry)
-    if gathered is not None:
-        return Gathered(key, gathered.offset, entry.size, gathered)
+    """A tensor's bytes: a ``Range`` of its file, or gathered in C order (a strided tensor of a checkpoint)."""
+    scattered = entry.scattered
+    if scattered is not None:
+        return Gathered(key, scattered.offset, entry.size, scattered)
     return Range(key, start + entry.begin, entry.size)
 
 
@@ -224,28 +226,13 @@ CHOSEN: dict[str, View] = {  # --view
     "png": png_files,
     "safetensors": safetensors_view,
 }
-PYTORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
-
-
-def safetensors_name(path: str) -> str:
-    """The name in ``safetensors/`` of a checkpoint's file or a checkpoints' index (SPEC §12)."""
-    folder, _, name = path.rpartition("/")
-    if name == "pytorch_model.bin.index.json":
-        name = "model.safetensors.index.json"
-    elif name.startswith("pytorch_model") and name.endswith(".bin"):
-        name = "model" + name[len("pytorch_model") : -len(".bin")] + ".safetensors"
-    else:
-        name = name[: name.rindex(".")] + ".safetensors"
-    return f"{folder}/{name}" if folder else name
 
 
 def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models: Iterable[Model]) -> None:
-    """``safetensors/``: ``files/`` with each PyTorch checkpoint a safetensors file of its tensors (the header made
-    from its pickle, then each tensor's bytes: ranges of the checkpoint, or gathered), and a checkpoints' index
-    naming those files; a name that ``files/`` already holds keeps that file (and the checkpoint that would have
-    had it is left out: ``safetensors/`` holds no pickle it could have converted)."""
-    from .formats import pytorch
-
+    """``safetensors/``: ``files/`` with each file of a format that converts (a PyTorch checkpoint) a safetensors
+    file of its tensors (its ``header.json`` made, then each tensor's bytes: ranges of the file, or gathered), and
+    an index of such files naming the converted ones; a name that ``files/`` already holds keeps that file (and the
+    file that would have had it is left out: ``safetensors/`` holds nothing it could have converted)."""
     headers = {shard.header.path: shard.header for model in models for shard in model.shards}
     indexes = {model.index_path: model for model in models if model.index_path is not None}
     held = {file.path for file in files}
@@ -253,33 +240,46 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
     for file in files:
         header = headers.get(file.key)
         model = indexes.get(file.key)
-        converted = header is not None and isinstance(header.parsed, pytorch.Checkpoint)
         if model is not None:
-            converted = all(isinstance(shard.header.parsed, pytorch.Checkpoint) for shard in model.shards)
-        name = safetensors_name(file.path) if converted else file.path
-        if converted and name in held:  # the repository has it as safetensors already: that file, and no pickle
+            name = _converted_name(model.shards[0].header, file.path)
+            if not all(_converted_name(shard.header, shard.header.path) for shard in model.shards):
+                name = None
+        else:
+            name = _converted_name(header, file.path) if header is not None else None
+        if name is not None and name in held:  # the repository has it as safetensors already: that file, no other
             continue
         segments: tuple[Segment, ...]
-        if converted and header is not None:
-            made = pytorch.safetensors_file(header.parsed.tensors)
-            parts: list[Segment] = [made.header]
-            for entry in header.tensors:
-                if entry.size:
-                    parts.append(_source(file.key, 0, entry))
+        if name is not None and header is not None:
+            parts: list[Segment] = [_safetensors_header(header)]
+            parts += [_source(file.key, header.data_start, entry) for entry in header.tensors if entry.size]
             segments = tuple(parts)
-        elif converted and model is not None:
+        elif name is not None and model is not None:
             segments = (_safetensors_index(model),)
         else:
             segments = (Range(file.key, 0, file.size),)
-        components = ["safetensors", *(escape_component(part) for part in name.split("/"))]
+        components = ["safetensors", *(escape_component(part) for part in (name or file.path).split("/"))]
         tree.add_file(components, file.mtime_ns, segments)
 
 
+def _converted_name(header: Header, path: str) -> str | None:
+    """The name of the file at ``path`` in ``safetensors/`` where its format shows it converted, else ``None``."""
+    return formats.named(header.format).safetensors_name(path)
+
+
+def _safetensors_header(header: Header) -> bytes:
+    """The safetensors header (length, JSON, spaces to a multiple of 8, as the safetensors writer pads it) of a
+    header made in the safetensors schema whose tensors' offsets follow one another in their order."""
+    assert header.json_made is not None
+    text = header.json_made + b" " * (-len(header.json_made) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
 def _safetensors_index(model: Model) -> bytes:
-    """``model.safetensors.index.json`` of a set of checkpoints: its weight_map naming the safetensors files."""
+    """The index of a set of converted files (``model.safetensors.index.json``): its weight_map naming them."""
     assert model.index_bytes is not None
     document = json.loads(model.index_bytes)
-    document["weight_map"] = {name: safetensors_name(shard) for name, shard in document["weight_map"].items()}
+    convert = formats.named(model.shards[0].header.format).safetensors_name
+    document["weight_map"] = {name: convert(shard) or shard for name, shard in document["weight_map"].items()}
     return (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 

@@ -1,86 +1,99 @@
 """Formats: how the bytes of one source file become validated tensors and metadata (a ``Header``).
 
-One module per format, each pure: a range fetcher in, a ``Header`` out, every rule of its reference a named
-error, no I/O of its own. Everything downstream (models, the tree, views, ``info``, ``check``) works on
-``Header`` and ``TensorEntry`` alone; ``format_of`` picks a file's format, ``groups`` says how a dtype's values
-are packed, whatever format named it.
+A format is one module of this package whose ``FORMAT`` (a ``Format``) says everything the rest of stfs needs:
+how its files are recognised (their names in a folder, a sniff of their first bytes), how its header is read
+into tensors (each one range of its file, or ``TensorEntry.scattered``), the dtypes it adds, how the files of a
+split set merge, and its name in ``--view safetensors``. ``REGISTRY`` lists the formats; nothing outside this
+package names one. Modules are imported when a file of theirs is met (the ``gguf`` package takes a fifth of a
+second to import).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
 from functools import cache
-from typing import Any
 
-from . import safetensors
-from .base import Header, RangeFetcher, TensorEntry
+from .. import errors
+from .base import DType, Format, Header, RangeFetcher, Scattered, SplitSet, TensorEntry, encodable
+from .dtypes import standard
 
 __all__ = [
-    "FORMATS",
-    "GGUF",
-    "PYTORCH",
-    "SAFETENSORS",
-    "FileFormat",
+    "INDEX_SUFFIXES",
+    "MODEL_SUFFIXES",
+    "REGISTRY",
+    "DType",
+    "Format",
     "Header",
     "RangeFetcher",
+    "Scattered",
+    "SplitSet",
     "TensorEntry",
-    "format_of",
+    "claiming",
+    "dtype",
+    "encodable",
     "groups",
-    "strided",
+    "identify",
+    "named",
 ]
 
-
-@dataclass(frozen=True, slots=True)
-class FileFormat:
-    """A format: its name (what ``info`` calls it), the file names it claims in a folder, and its reader
-    ``read_header(fetch, *, path, file_size, mtime_ns, first_read) -> Header``."""
-
-    name: str
-    suffixes: tuple[str, ...]
-    read_header: Callable[..., Header]
-
-
-def _gguf_header(fetch: RangeFetcher, **where: Any) -> Header:
-    from . import gguf  # the gguf package: imported by mounts that hold a GGUF file only
-
-    return gguf.fetch_header(fetch, **where)
-
-
-def _pytorch_header(fetch: RangeFetcher, **where: Any) -> Header:
-    from . import pytorch  # the pickle reader: imported by mounts that hold a checkpoint only
-
-    return pytorch.fetch_header(fetch, **where)
-
-
-SAFETENSORS = FileFormat("safetensors", (".safetensors",), safetensors.fetch_header)
-GGUF = FileFormat("gguf", (".gguf",), _gguf_header)
-PYTORCH = FileFormat("pytorch", (".bin", ".pt", ".pth", ".ckpt"), _pytorch_header)
-FORMATS: tuple[FileFormat, ...] = (SAFETENSORS, GGUF, PYTORCH)
-
-
-def format_of(key: str) -> FileFormat:
-    """The format of the file ``key`` by its name; a file named otherwise is read as safetensors (a SOURCE may be
-    named anything)."""
-    return next((known for known in FORMATS if key.endswith(known.suffixes)), SAFETENSORS)
+# Each format: its module here, the file names it claims in a folder, and the names of its index files (a JSON
+# ``weight_map`` of tensor -> shard file, as transformers writes it).
+REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("safetensors", (".safetensors",), (".safetensors.index.json",)),
+    ("gguf", (".gguf",), ()),
+    ("pytorch", (".bin", ".pt", ".pth", ".ckpt"), (".bin.index.json",)),
+)
+MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
+INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)
 
 
 @cache
-def groups(dtype: str) -> tuple[int, int]:
-    """(values, bytes) of the smallest whole group of ``dtype``'s values: F4 two values a byte, F6 four in three
-    bytes, every other dtype of safetensors one value in its own bytes; a GGML type its block."""
-    bits = safetensors.DTYPE_BITS.get(dtype)
-    if bits is None:
-        from . import gguf
-
-        found = gguf.ggml_type(dtype)
-        return found.block_size, found.type_size
-    values = {4: 2, 6: 4}.get(bits, 1)
-    return values, values * bits // 8
+def named(name: str) -> Format:
+    """The format called ``name`` (``Header.format``)."""
+    if name not in {module for module, _, _ in REGISTRY}:
+        raise KeyError(name)
+    found: Format = importlib.import_module(f"{__name__}.{name}").FORMAT
+    return found
 
 
-def strided(entry: TensorEntry) -> Any:
-    """The strided tensor of a checkpoint behind ``entry`` (a ``pytorch.Tensor`` whose elements are gathered in C
-    order); ``None`` where the tensor's bytes are one range."""
-    tensor = getattr(entry, "tensor", None)
-    return tensor if tensor is not None and not tensor.contiguous else None
+def claiming(file_name: str) -> Format | None:
+    """The format whose files are named like ``file_name`` (``x.gguf``); ``None`` where no format claims it."""
+    for module, suffixes, _ in REGISTRY:
+        if file_name.endswith(suffixes):
+            return named(module)
+    return None
+
+
+def identify(path: str, fetch: RangeFetcher, file_size: int) -> Format:
+    """The format of the file ``path``: the one its name claims (whose reader then names the rule a broken file
+    breaks), else the one its first bytes are; ``UnknownFormat`` naming the formats stfs reads otherwise."""
+    claimed = claiming(path.rpartition("/")[2])
+    if claimed is not None:
+        return claimed
+    every = [named(module) for module, _, _ in REGISTRY]
+    head = fetch(0, min(file_size, max(known.head_size for known in every))) if file_size else b""
+    for known in every:
+        if known.sniff(head):
+            return known
+    titles = [known.title for known in every]
+    reads = ", ".join(titles[:-1]) + " or " + titles[-1]
+    raise errors.UnknownFormat(f"{path}: not a model stfs reads (a {reads} file): its first bytes are {head[:8]!r}")
+
+
+@cache
+def dtype(name: str) -> DType:
+    """The ``DType`` called ``name``: one of safetensors', or one a format adds; ``KeyError`` for an unknown name."""
+    found = standard(name)
+    for module, _, _ in REGISTRY:
+        if found is None:
+            found = named(module).dtype(name)
+    if found is None:
+        raise KeyError(name)
+    return found
+
+
+def groups(name: str) -> tuple[int, int]:
+    """(values, bytes) of the smallest whole group of dtype ``name``'s values: F4 two values a byte, F6 four in
+    three bytes, every other dtype of safetensors one value in its own bytes; a GGML type its block."""
+    found = dtype(name)
+    return found.group_values, found.group_bytes

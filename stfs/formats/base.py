@@ -1,13 +1,34 @@
-"""What every format gives the rest of stfs: a file's validated tensors and metadata, and where its header is."""
+"""What every format gives the rest of stfs: a file's validated tensors and metadata, and where its header is
+(``Header``, ``TensorEntry``), and what a format is (``Format``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
+Read = Callable[[int, int], bytes]  # (absolute offset, size) -> exactly those bytes of a tensor's file
+
+
+class Scattered(Protocol):
+    """A tensor whose bytes in C order are not one range of its file (a strided tensor of a checkpoint): its
+    elements are gathered from ``span`` as they are read."""
+
+    @property
+    def offset(self) -> int:
+        """Absolute offset of its first element in its file (the ``offset`` xattr)."""
+        ...
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """``(absolute offset, size)`` of the part of its file that holds its elements."""
+        ...
+
+    def read_into(self, read: Read, begin: int, view: memoryview) -> None:
+        """Fill ``view`` with its bytes in C order from ``begin``, reading its file through ``read``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +50,11 @@ class TensorEntry:
     def parameters(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def scattered(self) -> Scattered | None:
+        """How its bytes are gathered in C order where they are not the one range ``begin``..``end``."""
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Header:
@@ -47,7 +73,86 @@ class Header:
     json_made: bytes | None = None
     parsed: Any = None  # the format's own header, where checks across files need it (a GGUF split set)
     warnings: tuple[str, ...] = ()  # one line each, for a mount's stderr (a checkpoint's tensors left out)
+    format: str = "safetensors"  # the name of the ``Format`` that read it
+    check_problems: tuple[str, ...] = ()  # lines ``stfs check`` fails on though a mount serves the file
+    scattered: bool = False  # some tensor's bytes are not one range of the file (``TensorEntry.scattered``)
 
     @property
     def data_size(self) -> int:
         return self.file_size - self.data_start
+
+
+@dataclass(frozen=True, slots=True)
+class SplitSet:
+    """A set of files that is one model without an index (a ``gguf-split`` set), merged: its metadata as
+    ``metadata/`` shows it and its ``header.json``."""
+
+    metadata: Mapping[str, str]
+    json_made: bytes
+
+
+class Format:
+    """A format stfs reads: how its files are recognised and read, and what it adds to the rest.
+
+    A format is one module of ``stfs.formats`` whose ``FORMAT`` is an instance of this (or of a subclass), listed
+    in ``formats.REGISTRY``. The defaults fit a format of single files holding each tensor as one range.
+    """
+
+    name: str = ""  # as ``info`` and the xattrs name it
+    title: str = ""  # as a message names it: "safetensors", "GGUF", "PyTorch checkpoint"
+    head_size: int = 16  # the first bytes ``sniff`` looks at
+    confirm_in_folder: bool = False  # a file a folder holds under one of its names is a model only if ``sniff`` says
+
+    def sniff(self, head: bytes) -> bool:
+        """Whether a file whose first ``head_size`` bytes (fewer for a shorter file) are ``head`` is of this format."""
+        raise NotImplementedError
+
+    def read_header(
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
+    ) -> Header:
+        """Read and validate the file ``path`` through ``fetch``; raise a named ``FormatError`` on a broken rule."""
+        raise NotImplementedError
+
+    def dtype(self, name: str) -> DType | None:
+        """A dtype this format adds to safetensors' (``formats.dtypes``); ``None`` for one it does not."""
+        return None
+
+    def split_set(self, file_name: str) -> tuple[str, list[str]] | None:
+        """For a file of a set that is one model without an index, the set's name and its files' names in order."""
+        return None
+
+    def merge_split_set(self, name: str, files: Sequence[str], headers: Sequence[Header | None]) -> SplitSet:
+        """Check a split set (``headers[i]`` is ``None`` where ``files[i]`` is missing) and merge it."""
+        raise NotImplementedError
+
+    def safetensors_name(self, path: str) -> str | None:
+        """The name of the file at ``path`` in ``--view safetensors``, where it is shown converted (its header
+        ``json_made`` with each tensor's bytes after it); ``None``: shown as it is."""
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class DType:
+    """A tensor dtype: ``group_values`` values take ``group_bytes`` bytes (F4 two a byte, F6 four in three bytes, a
+    GGML type its block); ``decode``, where the format decodes its values itself (a GGML block's), fills a float32
+    buffer from whole groups; ``has_values``: whether its values can be read as numbers (not C64's)."""
+
+    name: str
+    group_values: int
+    group_bytes: int
+    has_values: bool = True
+    decode: Callable[[memoryview, memoryview], None] | None = None
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one value, for a dtype of whole bytes a value; 0 for a packed one."""
+        return self.group_bytes if self.group_values == 1 else 0
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (a JSON ``\\uD800`` escape can make a str that is not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

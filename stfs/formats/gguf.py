@@ -29,7 +29,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
@@ -37,7 +37,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .. import errors
-from .base import Header, RangeFetcher, TensorEntry
+from .base import DType, Format, Header, RangeFetcher, SplitSet, TensorEntry
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -798,3 +798,50 @@ def metadata_texts(metadata: Mapping[str, KeyValue], texts: Mapping[str, str] | 
         else:
             found[key] = _json_bytes(texts[key]).decode("utf-8")
     return found
+
+
+class _Gguf(Format):
+    name = "gguf"
+    title = "GGUF"
+    head_size = 4
+
+    def sniff(self, head: bytes) -> bool:
+        return head[:4] == MAGIC
+
+    def read_header(
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
+    ) -> Header:
+        return fetch_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
+
+    def dtype(self, name: str) -> DType | None:
+        """A GGML type by gguf-py's name: its block, and its decoding where the ``gguf`` package has one."""
+        try:
+            found = ggml_type(name)
+        except KeyError:
+            return None
+        decode = _decoder(found) if found.dequantizable else None
+        return DType(found.name, found.block_size, found.type_size, has_values=decode is not None, decode=decode)
+
+    def split_set(self, file_name: str) -> tuple[str, list[str]] | None:
+        return split_set_names(file_name)
+
+    def merge_split_set(self, name: str, files: Sequence[str], headers: Sequence[Header | None]) -> SplitSet:
+        merged = merge_splits(name, files, [header.parsed if header else None for header in headers])
+        return SplitSet(metadata_texts(merged.metadata), header_json(merged))
+
+
+def _decoder(kind: GgmlType) -> Callable[[memoryview, memoryview], None]:
+    """Decoding whole blocks of ``kind`` to float32: ``gguf.quants.dequantize``, as ggml computes them."""
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(kind.id)
+
+    def decode(source: memoryview, out: memoryview) -> None:
+        with np.errstate(all="ignore"):  # NaN and inf scales give NaN and inf values, as ggml's do: no warning
+            values = dequantize(np.frombuffer(source, dtype=np.uint8), qtype).reshape(-1)
+            np.copyto(np.frombuffer(out, dtype=np.float32), values)
+
+    return decode
+
+
+FORMAT: Format = _Gguf()

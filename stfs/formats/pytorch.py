@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .. import errors
-from .base import Header, RangeFetcher, TensorEntry
+from .base import Format, Header, RangeFetcher, TensorEntry
 
 Read = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
 # Several (offset, size) ranges -> their bytes, in order: where reads are costly (a remote source), the caller
@@ -1728,6 +1728,29 @@ class PytorchEntry(TensorEntry):
     namespace: ClassVar[str] = "pytorch"
     tensor: Tensor | None = None
 
+    @property
+    def scattered(self) -> Strided | None:
+        return Strided(self.tensor) if self.tensor is not None and not self.tensor.contiguous else None
+
+
+@dataclass(frozen=True, slots=True)
+class Strided:
+    """A strided tensor of a checkpoint (a transpose, a slice with a step) as every format's ``Scattered``: its
+    elements gathered in C order from its storage."""
+
+    tensor: Tensor
+
+    @property
+    def offset(self) -> int:
+        return self.tensor.offset
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.tensor.span
+
+    def read_into(self, read: Read, begin: int, view: memoryview) -> None:
+        gather_into(self.tensor, read, begin, view)
+
 
 def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0) -> Header:
     """Read and validate the checkpoint ``path`` through ``fetch`` as a ``Header``: its tensors (``begin``/``end``
@@ -1751,6 +1774,9 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         json_made=made,
         parsed=checkpoint,
         warnings=checkpoint.warnings + unsafe_warnings(checkpoint),
+        format="pytorch",
+        check_problems=unsafe_warnings(checkpoint),
+        scattered=not all(tensor.contiguous for tensor in served),
     )
 
 
@@ -1815,3 +1841,36 @@ def gather_into(tensor: Tensor, read: Read, begin: int, view: memoryview) -> Non
         length = min(end - begin - done, len(chunk) - skip)
         view[done : done + length] = chunk[skip : skip + length]
         done += length
+
+
+def safetensors_name(path: str) -> str:
+    """The name in ``--view safetensors`` of a checkpoint's file or a checkpoints' index (SPEC §12)."""
+    folder, _, name = path.rpartition("/")
+    if name == "pytorch_model.bin.index.json":
+        name = "model.safetensors.index.json"
+    elif name.startswith("pytorch_model") and name.endswith(".bin"):
+        name = "model" + name[len("pytorch_model") : -len(".bin")] + ".safetensors"
+    else:
+        name = name[: name.rindex(".")] + ".safetensors"
+    return f"{folder}/{name}" if folder else name
+
+
+class _Pytorch(Format):
+    name = "pytorch"
+    title = "PyTorch checkpoint"
+    head_size = 512  # a tar's "ustar" is at 257
+    confirm_in_folder = True  # any .bin: a checkpoint only if its first bytes are one's
+
+    def sniff(self, head: bytes) -> bool:
+        return detect(head) is not None
+
+    def read_header(
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
+    ) -> Header:
+        return fetch_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
+
+    def safetensors_name(self, path: str) -> str | None:
+        return safetensors_name(path)
+
+
+FORMAT: Format = _Pytorch()

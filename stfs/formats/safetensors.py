@@ -12,41 +12,16 @@ import math
 import re
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
-from .base import Header, RangeFetcher, TensorEntry
+from .base import Format, Header, RangeFetcher, TensorEntry, encodable
+from .dtypes import DTYPE_BITS
 
 MAX_HEADER_LENGTH = 100_000_000
 U64_MAX = 2**64 - 1
-
-# The 22 dtypes of safetensors 0.8 and their widths in bits.
-DTYPE_BITS: Mapping[str, int] = {
-    "BOOL": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "F8_E4M3FNUZ": 8,
-    "F8_E5M2FNUZ": 8,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "C64": 64,
-    "F64": 64,
-    "I64": 64,
-    "U64": 64,
-}
 
 
 def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 8) -> Header:
@@ -466,15 +441,6 @@ def _reject_surrogates(document: Any, path: str) -> None:
                 )
 
 
-def encodable(text: str) -> bool:
-    """Whether ``text`` is valid Unicode (a JSON ``\\uD800`` escape can make a str that is not)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _check_metadata(value: Any, path: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -575,3 +541,21 @@ def _short(value: Any) -> str:
     except RecursionError:  # parsed just below the limit, dumped a few frames deeper
         text = f"(a {type(value).__name__} nested too deeply)"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Safetensors(Format):
+    name = "safetensors"
+    title = "safetensors"
+    head_size = 9
+
+    def sniff(self, head: bytes) -> bool:
+        """An 8-byte header length within the limit, then the header's ``{``."""
+        return len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] <= MAX_HEADER_LENGTH
+
+    def read_header(
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
+    ) -> Header:
+        return fetch_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
+
+
+FORMAT: Format = _Safetensors()
