@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
@@ -46,17 +45,28 @@ NATIVE: dict[str, np.dtype] = {
     "U64": np.dtype("<u8"),
 }
 
-# The dtype of each one-value-per-byte code (ml_dtypes keeps a sub-byte value in the low bits of a byte).
-_CODES: dict[str, type] = {
-    "F8_E5M2": ml_dtypes.float8_e5m2,
-    "F8_E4M3": ml_dtypes.float8_e4m3fn,
-    "F8_E8M0": ml_dtypes.float8_e8m0fnu,
-    "F8_E4M3FNUZ": ml_dtypes.float8_e4m3fnuz,
-    "F8_E5M2FNUZ": ml_dtypes.float8_e5m2fnuz,
-    "F6_E2M3": ml_dtypes.float6_e2m3fn,
-    "F6_E3M2": ml_dtypes.float6_e3m2fn,
-    "F4": ml_dtypes.float4_e2m1fn,
+# The ml_dtypes type of each one-value-per-byte code (ml_dtypes keeps a sub-byte value in the low bits of a byte).
+_CODES = {
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F6_E2M3": "float6_e2m3fn",
+    "F6_E3M2": "float6_e3m2fn",
+    "F4": "float4_e2m1fn",
 }
+
+
+@cache
+def _code_type(dtype: str) -> type:
+    """ml_dtypes' type for ``dtype`` (BF16 or one of ``_CODES``): imported when first needed, as it takes a second."""
+    import ml_dtypes
+
+    found: type = getattr(ml_dtypes, "bfloat16" if dtype == "BF16" else _CODES[dtype])
+    return found
+
+
 _CODE_BITS = {"F6_E2M3": 6, "F6_E3M2": 6, "F4": 4}
 
 
@@ -83,7 +93,7 @@ class Codec:
 def table(dtype: str) -> np.ndarray:
     """The float32 value of every code of a 4-, 6- or 8-bit float dtype, by ``ml_dtypes``'s own cast."""
     bits = _CODE_BITS.get(dtype, 8)
-    return np.arange(1 << bits, dtype=np.uint8).view(_CODES[dtype]).astype(np.float32)
+    return np.arange(1 << bits, dtype=np.uint8).view(_code_type(dtype)).astype(np.float32)
 
 
 def _floats(out: memoryview) -> np.ndarray:
@@ -98,27 +108,35 @@ def _cast(source_dtype: np.dtype | type) -> Callable[[memoryview, memoryview], N
     return decode
 
 
-def _byte_codes(dtype: str) -> Callable[[memoryview, memoryview], None]:
-    values = table(dtype)
+def _bfloat16(source: memoryview, out: memoryview) -> None:
+    """BF16 is float32's upper half: shifted into place, exactly (a NaN stays NaN)."""
+    np.left_shift(np.frombuffer(source, dtype="<u2"), 16, out=_floats(out).view(np.uint32), dtype=np.uint32)
 
+
+def _byte_codes(dtype: str) -> Callable[[memoryview, memoryview], None]:
     def decode(source: memoryview, out: memoryview) -> None:
-        np.take(values, np.frombuffer(source, dtype=np.uint8), out=_floats(out), mode="clip")
+        np.take(table(dtype), np.frombuffer(source, dtype=np.uint8), out=_floats(out), mode="clip")
 
     return decode
 
 
-def _nibbles(dtype: str) -> Callable[[memoryview, memoryview], None]:
+@cache
+def _nibble_pairs(dtype: str) -> np.ndarray:
+    """The two float32 values of every byte of a 4-bit dtype, the low nibble first."""
     values = table(dtype)
     byte = np.arange(256)
-    pairs = np.ascontiguousarray(np.stack([values[byte & 0xF], values[byte >> 4]], axis=1))  # low nibble first
+    return np.ascontiguousarray(np.stack([values[byte & 0xF], values[byte >> 4]], axis=1))
 
+
+def _nibbles(dtype: str) -> Callable[[memoryview, memoryview], None]:
     def decode(source: memoryview, out: memoryview) -> None:
+        pairs = _nibble_pairs(dtype)
         np.take(pairs, np.frombuffer(source, dtype=np.uint8), axis=0, out=_floats(out).reshape(-1, 2), mode="clip")
 
     return decode
 
 
-def _sextet_codes(source: memoryview) -> np.ndarray:
+def _sextet_codes(source: memoryview | np.ndarray) -> np.ndarray:
     """The 6-bit codes of whole 3-byte groups, four a group: value k is bits 6k..6k+5 of the little-endian 24 bits."""
     triples = np.frombuffer(source, dtype=np.uint8).reshape(-1, 3).astype(np.uint32)
     group = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
@@ -129,17 +147,15 @@ def _sextet_codes(source: memoryview) -> np.ndarray:
 
 
 def _sextets(dtype: str) -> Callable[[memoryview, memoryview], None]:
-    values = table(dtype)
-
     def decode(source: memoryview, out: memoryview) -> None:
-        np.take(values, _sextet_codes(source), out=_floats(out).reshape(-1, 4), mode="clip")
+        np.take(table(dtype), _sextet_codes(source), out=_floats(out).reshape(-1, 4), mode="clip")
 
     return decode
 
 
 def _codecs() -> dict[str, Codec]:
     codecs = {
-        "BF16": Codec("BF16", 2, 1, _cast(ml_dtypes.bfloat16)),
+        "BF16": Codec("BF16", 2, 1, _bfloat16),
         "F16": Codec("F16", 2, 1, _cast(np.dtype("<f2"))),
         "F64": Codec("F64", 8, 1, _cast(np.dtype("<f8"))),
         "F4": Codec("F4", 1, 2, _nibbles("F4")),
@@ -212,12 +228,12 @@ def npy_header(descr: np.dtype, shape: tuple[int, ...]) -> bytes:
 # -- float64 values and codes, for stats/ and png/ ---------------------------------------------------------------
 
 # Dtypes of at most 16 bits: a tensor's values are counted by code (np.bincount), one pass for every statistic.
-_CODE_DTYPES: dict[str, np.dtype | type] = {
-    **{dtype: NATIVE[dtype] for dtype in ("BOOL", "U8", "I8", "I16", "U16", "F16")},
-    "BF16": ml_dtypes.bfloat16,
-    **{dtype: code for dtype, code in _CODES.items() if dtype not in _CODE_BITS},
-}
-CODED = frozenset(_CODE_DTYPES) | frozenset(_CODE_BITS)
+CODED = frozenset(("BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", *_CODES))
+
+
+def _code_dtype(dtype: str) -> np.dtype | type:
+    """What NumPy reads the codes of a ``CODED`` dtype of whole bytes as."""
+    return NATIVE.get(dtype) or _code_type(dtype)
 
 
 @cache
@@ -226,14 +242,14 @@ def code_values(dtype: str) -> np.ndarray:
     if dtype in _CODE_BITS:
         return table(dtype).astype(np.float64)
     with np.errstate(invalid="ignore"):
-        return np.arange(1 << DTYPE_BITS[dtype], dtype=_unsigned(dtype)).view(_CODE_DTYPES[dtype]).astype(np.float64)
+        return np.arange(1 << DTYPE_BITS[dtype], dtype=_unsigned(dtype)).view(_code_dtype(dtype)).astype(np.float64)
 
 
 def _unsigned(dtype: str) -> np.dtype:
     return np.dtype("u1") if DTYPE_BITS[dtype] == 8 else np.dtype("<u2")
 
 
-def codes(dtype: str, source: memoryview) -> np.ndarray:
+def codes(dtype: str, source: memoryview | np.ndarray) -> np.ndarray:
     """The code of each value in ``source`` (whole groups of a ``CODED`` dtype), in C order."""
     if dtype == "F4":
         pairs = np.frombuffer(source, dtype=np.uint8)
@@ -246,8 +262,9 @@ def codes(dtype: str, source: memoryview) -> np.ndarray:
     return np.frombuffer(source, dtype=_unsigned(dtype))
 
 
-def to_float64(dtype: str, source: memoryview, out: np.ndarray) -> np.ndarray:
-    """The values of ``source`` (whole groups of ``dtype``, not C64) as float64, written into the start of ``out``."""
+def to_float64(dtype: str, source: memoryview | np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The values of ``source`` (whole groups of ``dtype``, not C64) as float64, written into the start of ``out``:
+    the part of ``out`` that holds them. ml_dtypes is imported only once an F8, F6 or F4 chunk is decoded."""
     if dtype in _CODE_BITS:
         found = codes(dtype, source)
         return np.take(code_values(dtype), found, out=out[: len(found)], mode="clip")
@@ -256,10 +273,13 @@ def to_float64(dtype: str, source: memoryview, out: np.ndarray) -> np.ndarray:
         assert decoding is not None
         count = len(source) // decoding.group_bytes * decoding.group_values
         floats = bytearray(4 * count)
-        decoding.decode(source, memoryview(floats))
+        decoding.decode(np.frombuffer(source, dtype=np.uint8).data, memoryview(floats))
         np.copyto(out[:count], np.frombuffer(floats, dtype=F32))
         return out[:count]
-    values = np.frombuffer(source, dtype=NATIVE.get(dtype) or _CODE_DTYPES[dtype])
+    if dtype == "BF16":  # float32's upper half: shifted back into place, exactly (NaN stays NaN)
+        values = np.left_shift(np.frombuffer(source, dtype="<u2"), 16, dtype=np.uint32).view(np.float32)
+    else:
+        values = np.frombuffer(source, dtype=NATIVE.get(dtype) or _code_type(dtype))
     with np.errstate(invalid="ignore"):  # a NaN code cast to float64 is NaN, as meant
         np.copyto(out[: len(values)], values, casting="unsafe")  # exact: every dtype but C64 fits in float64 ...
     return out[: len(values)]  # ... except 64-bit integers past 2**53, rounded to nearest as NumPy's astype does

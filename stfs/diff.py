@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from . import formats
+from .chunks import CHUNK_BYTES, PIECE_VALUES
+from .decode import to_float64
 from .info import printable
 from .model import Tensor, resolve
 from .progress import ByteProgress, Progress
-from .scan import CHUNK_BYTES, PIECE_VALUES, REMOTE_CACHE, Reader, index_of, tensor_chunks
+from .scan import REMOTE_CACHE, Reader, index_of, tensor_chunks
 from .sources import ByteSource, Kind, named_source, open_source, parent_key, relative_key
 from .sources.base import DEFAULT_TIMEOUT, is_url, shown_url
 from .values import (
@@ -37,7 +39,6 @@ from .values import (
     byte_count,
     compare_values,
     count_unequal_elements,
-    decode,
     same_bytes,
     value_count,
     values_known,
@@ -237,8 +238,8 @@ class _Comparison:
                     self._norm(dtype, piece_a, tally)
                     continue
                 first = number * chunk_values + start // piece * PIECE_VALUES
-                values_a = decode(dtype, piece_a, self.out[0])
-                values_b = decode(dtype, piece_b, self.out[1])
+                values_a = to_float64(dtype, piece_a, self.out[0])
+                values_b = to_float64(dtype, piece_b, self.out[1])
                 compare_values(values_a, values_b, first, self.atol, self.rtol, tally)
         if not differs:
             return None
@@ -249,7 +250,7 @@ class _Comparison:
     def _norm(self, dtype: str, raw: np.ndarray, tally: Tally) -> None:
         piece = byte_count(dtype, PIECE_VALUES)
         for start in range(0, len(raw), piece):
-            add_norm(decode(dtype, raw[start : start + piece], self.out[0]), tally)
+            add_norm(to_float64(dtype, raw[start : start + piece], self.out[0]), tally)
 
     def _norm_again(self, a: Tensor, b: Tensor, size: int, tally: Tally) -> None:
         """Add ‖a‖² of the first ``size`` bytes (equal on both sides), read again from a local side: the price of
@@ -272,8 +273,8 @@ class _Comparison:
                 end = min(count, start + PIECE_VALUES)
                 piece_a = raw_a[byte_count(a.dtype, start) : byte_count(a.dtype, end)]
                 piece_b = raw_b[byte_count(b.dtype, start) : byte_count(b.dtype, end)]
-                values_a = decode(a.dtype, piece_a, self.out[0])
-                values_b = decode(b.dtype, piece_b, self.out[1])
+                values_a = to_float64(a.dtype, piece_a, self.out[0])
+                values_b = to_float64(b.dtype, piece_b, self.out[1])
                 compare_values(values_a, values_b, number * chunk_values + start, self.atol, self.rtol, tally)
         return tally
 

@@ -21,9 +21,9 @@ from functools import cache
 
 import numpy as np
 
+from .chunks import PIECE_VALUES, TensorBytes
 from .decode import is_float, to_float64
 from .formats import TensorEntry
-from .summary import CHUNK_VALUES, TensorBytes
 
 MAX_SIDE = 1024
 INTEGERS = frozenset({"U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"})
@@ -80,16 +80,15 @@ def heatmap_file(tensor: TensorBytes, size: int) -> bytes:
 def pixel_sums(tensor: TensorBytes, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, float]:
     """(sum of the finite values of each pixel (times ``scale``), their count, abs_max of the tensor (times
     ``scale``)), in one pass."""
-    entry = tensor.entry
-    rows, columns, height, width = grid(entry.shape)
+    rows, columns, height, width = grid(tensor.shape)
     cells = Cells(rows, columns, height, width)
     sums = np.zeros((height, width))
     bad: np.ndarray | None = None  # values that are not finite, by pixel: only once one is met
-    out = np.empty(CHUNK_VALUES, dtype=np.float64)
+    out = np.empty(PIECE_VALUES, dtype=np.float64)
     abs_max = 0.0
-    for first, raw in tensor.chunks():
-        x = to_float64(entry.dtype, raw, out)
-        if entry.dtype not in INTEGERS:
+    for first, raw in tensor.pieces():
+        x = to_float64(tensor.dtype, raw, out)
+        if tensor.dtype not in INTEGERS:
             good = np.isfinite(x)
             if not good.all():
                 if bad is None:

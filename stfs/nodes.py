@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import stat
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .chunks import CHUNK_BYTES, ReadInto, TensorBytes
 from .formats import Scattered, TensorEntry
 
 if TYPE_CHECKING:
@@ -45,8 +45,7 @@ class Gathered:
     """The ``size`` bytes of a tensor that is not one range of the source file ``key`` (a ``formats.Scattered``: a
     strided tensor of a checkpoint), in C order, gathered as read; ``offset`` is where its first element lies.
 
-    The views made from a tensor's bytes (``Decoded``, ``Summary``) read it through ``reader``: there, the bytes
-    ``offset`` + k of ``key`` stand for byte k of the tensor in C order.
+    The views made from a tensor's bytes (``Decoded``, ``Summary``) read them gathered too (``tensor_bytes``).
     """
 
     __slots__ = ("key", "offset", "size", "tensor")
@@ -63,27 +62,22 @@ class Gathered:
     def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
         """Fill all of ``view`` with the tensor's bytes in C order from ``start`` (within ``size``); ``OSError`` if
         the source is short."""
-        span = self.tensor.span
-        span = (span[0], span[0] + span[1])
+        tensor_bytes(self.key, self.offset, self.size, "U8", read_source, self).read_into(start, view)
 
-        def read(offset: int, size: int) -> bytes:
-            buffer = bytearray(size)
-            got = read_source(self.key, offset, memoryview(buffer), span)
-            if got != size:
-                raise OSError(f"{self.key}: short read at byte {offset}")
-            return bytes(buffer)
 
-        self.tensor.read_into(read, start, view)
-
-    def reader(self, read_source: ReadInto) -> ReadInto:
-        """A ``ReadInto`` of the tensor's bytes in C order, at ``offset`` of ``key`` on (see above)."""
-
-        def read(key: str, offset: int, buffer: memoryview, span: tuple[int, int]) -> int:
-            count = max(0, min(len(buffer), self.offset + self.size - offset))
-            self.read_into(offset - self.offset, buffer[:count], read_source)
-            return count
-
-        return read
+def tensor_bytes(
+    key: str,
+    offset: int,
+    size: int,
+    dtype: str,
+    read_source: ReadInto,
+    gathered: Gathered | None,
+    shape: tuple[int, ...] = (),
+) -> TensorBytes:
+    """The ``size`` bytes of a tensor of ``dtype`` at ``offset`` of ``key``, or ``gathered``, as the chunked reader
+    reads them."""
+    scattered = gathered.tensor if gathered is not None else None
+    return TensorBytes(key, offset, size, dtype, shape, read_source, scattered)
 
 
 class Decoded:
@@ -91,12 +85,10 @@ class Decoded:
     the source file ``key`` from ``offset`` (or, with ``gathered``, from a strided tensor's bytes in C order).
 
     A read decodes only the whole groups of source values that cover it (an F4 byte holds two, three F6
-    bytes four), ``CHUNK`` bytes of output at a time.
+    bytes four), ``chunks.CHUNK_BYTES`` bytes of output at a time.
     """
 
     __slots__ = ("key", "offset", "size", "codec", "gathered")
-
-    CHUNK = 1 << 20  # bytes of output decoded at once (a FUSE request at most): what a read holds in memory
 
     def __init__(self, key: str, offset: int, size: int, codec: Codec, gathered: Gathered | None = None) -> None:
         self.key = key
@@ -111,21 +103,18 @@ class Decoded:
     def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
         """Fill all of ``view`` with the decoded bytes from ``start`` (within ``size``); ``OSError`` if the
         source is short."""
-        if self.gathered is not None:
-            read_source = self.gathered.reader(read_source)
         codec = self.codec
         group_bytes, group_out = codec.group_bytes, codec.group_out
-        chunk_groups = max(1, self.CHUNK // group_out)
+        source_size = self.size // group_out * group_bytes
+        tensor = tensor_bytes(self.key, self.offset, source_size, codec.dtype, read_source, self.gathered)
+        chunk_groups = max(1, CHUNK_BYTES // group_out)
         end = start + len(view)
         done = 0
         while start + done < end:
             first = (start + done) // group_out
             last = min((end + group_out - 1) // group_out, first + chunk_groups)
             source = _source_buffer((last - first) * group_bytes)
-            position = self.offset + first * group_bytes
-            span = (self.offset, self.offset + self.size // group_out * group_bytes)  # the tensor's source bytes
-            if read_source(self.key, position, source, span) != len(source):
-                raise OSError(f"{self.key}: short read at byte {position}")
+            tensor.read_into(first * group_bytes, source)
             skip = start + done - first * group_out  # the read begins inside a group
             length = min(end - start - done, (last - first) * group_out - skip)
             if skip == 0 and length == (last - first) * group_out:
@@ -181,14 +170,13 @@ class Summary:
     def read_into(self, start: int, view: memoryview, read_source: ReadInto) -> None:
         """Fill all of ``view`` with the file's bytes from ``start`` (within ``size``), making the file first if
         need be; raises what making it raised (``OSError`` of the source, ...)."""
-        if self.gathered is not None:
-            read_source = self.gathered.reader(read_source)
-        view[:] = self.finished.bytes_of(self, self.make, read_source)[start : start + len(view)]
+        entry = self.tensor
+        tensor = tensor_bytes(self.key, self.offset, entry.size, entry.dtype, read_source, self.gathered, entry.shape)
+        view[:] = self.finished.bytes_of(self, self.make, tensor)[start : start + len(view)]
 
 
 Segment = bytes | Range | Decoded | Summary | Gathered
 Segments = tuple[Segment, ...]
-ReadInto = Callable[[str, int, memoryview, tuple[int, int]], int]  # a ByteSource's read_into(key, offset, buffer, span)
 
 
 class ShardData:

@@ -1,7 +1,7 @@
 """``stats/PATH.json``: counts, extremes, moments and a 64-bin histogram of a tensor's values as float64.
 
 The numbers are NumPy's on the float64 values (``numpy.histogram``'s bins: 64 equal ones from min to max,
-the last closed; one bin ``[min, max]`` when they are equal), computed in chunks of ``summary.CHUNK_VALUES``:
+the last closed; one bin ``[min, max]`` when they are equal), computed in chunks of ``chunks.PIECE_VALUES``:
 
 * dtypes of at most 16 bits (``decode.CODED``: BOOL, 8-bit integers, F8, F6, F4, 16-bit integers, F16,
   BF16): one pass counting each code (``np.bincount``); every number then follows from the counts of at
@@ -22,9 +22,9 @@ from functools import cache
 
 import numpy as np
 
+from .chunks import PIECE_VALUES, TensorBytes
 from .decode import CODED, code_values, codes, to_float64
 from .formats import TensorEntry
-from .summary import CHUNK_VALUES, TensorBytes
 
 BINS = 64
 INTEGERS = frozenset({"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"})
@@ -53,17 +53,16 @@ def render(document: Document) -> bytes:
 
 def summarize(tensor: TensorBytes) -> Document:
     """The statistics of ``tensor``'s values, in the order the file lists them."""
-    entry = tensor.entry
-    head: Document = {"dtype": entry.dtype, "shape": list(entry.shape)}
-    return head | (_by_codes(tensor) if entry.dtype in CODED else _by_passes(tensor))
+    head: Document = {"dtype": tensor.dtype, "shape": list(tensor.shape)}
+    return head | (_by_codes(tensor) if tensor.dtype in CODED else _by_passes(tensor))
 
 
 def _by_codes(tensor: TensorBytes) -> Document:
     """One pass: how many times each code occurs."""
-    dtype = tensor.entry.dtype
+    dtype = tensor.dtype
     values = code_values(dtype)
     counts = np.zeros(len(values), dtype=np.int64)
-    for _, raw in tensor.chunks():
+    for _, raw in tensor.pieces():
         counts += np.bincount(codes(dtype, raw), minlength=len(values))
     present = counts > 0
     values, counts = values[present], counts[present]
@@ -88,11 +87,11 @@ def _by_codes(tensor: TensorBytes) -> Document:
 
 def _by_passes(tensor: TensorBytes) -> Document:
     """Two passes: counts and extremes, then the histogram (its edges need the extremes) and the moments."""
-    dtype = tensor.entry.dtype
-    out = np.empty(CHUNK_VALUES, dtype=np.float64)
+    dtype = tensor.dtype
+    out = np.empty(PIECE_VALUES, dtype=np.float64)
     count = finite = nan = posinf = zeros = 0
     low, high = math.inf, -math.inf
-    for _, raw in tensor.chunks():
+    for _, raw in tensor.pieces():
         x = to_float64(dtype, raw, out)
         count += len(x)
         zeros += len(x) - int(np.count_nonzero(x))  # NaN is not zero
@@ -113,7 +112,7 @@ def _by_passes(tensor: TensorBytes) -> Document:
     scale = math.ldexp(1.0, -exponent) if abs(exponent) > 400 else 1.0
     seen, mean, squares = 0, 0.0, 0.0
     bins = np.zeros(BINS if low < high else 1, dtype=np.int64)
-    for _, raw in tensor.chunks():
+    for _, raw in tensor.pieces():
         x = to_float64(dtype, raw, out)
         if dtype not in INTEGERS:
             x = x[np.isfinite(x)]

@@ -10,7 +10,7 @@ Raw bits first, values only where they are needed:
   one ``max`` per chunk tell whether it holds any; only a chunk that does is decoded to count them.
 
 Values are float64 as ``decode.to_float64`` gives them (BF16, F8, F6, F4 decoded as the views decode them,
-integers and BOOL as their values; ml_dtypes, a second to import, only once an F8, F6 or F4 chunk is decoded).
+integers and BOOL as their values).
 C64 has none: it is compared by bytes only.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .decode import has_values
+from .decode import has_values, to_float64
 from .formats import groups
 from .formats.dtypes import DTYPE_BITS as DTYPES
 
@@ -43,31 +43,6 @@ _SPECIAL: dict[str, tuple[np.dtype, int, int]] = {
     "F8_E8M0": (np.dtype("u1"), 0xFF, 0xFF),  # no sign, no infinity: 0xFF is NaN
 }
 _NEGATIVE_ZERO_NAN = frozenset({"F8_E4M3FNUZ", "F8_E5M2FNUZ"})  # their one NaN is the code 0x80, nothing infinite
-
-
-# Dtypes NumPy holds: decoded without ml_dtypes (a second to import), which only F8, F6 and F4 need (BF16 is
-# float32's upper half).
-_NUMPY = {
-    **{"BOOL": "?", "U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8"},
-    **{"U64": "<u8", "F16": "<f2", "F32": "<f4", "F64": "<f8"},
-}
-
-
-def decode(dtype: str, raw: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """The values of ``raw`` (whole groups of ``dtype``, not C64) as float64, written into the start of ``out``: the
-    part of ``out`` that holds them (``decode.to_float64``)."""
-    native = _NUMPY.get(dtype)
-    if dtype == "BF16":  # float32's upper half: shifted back into place, exactly (NaN stays NaN)
-        values = np.left_shift(raw.view("<u2"), 16, dtype=np.uint32).view(np.float32)
-    elif native is None:
-        from .decode import to_float64
-
-        return to_float64(dtype, raw.data, out)
-    else:
-        values = raw.view(native)
-    with np.errstate(invalid="ignore"):  # a signalling NaN cast is NaN, as meant
-        np.copyto(out[: len(values)], values, casting="unsafe")  # exact, but for 64-bit integers past 2**53
-    return out[: len(values)]
 
 
 def values_known(dtype: str) -> bool:
@@ -150,7 +125,7 @@ def may_hold_specials(dtype: str, raw: np.ndarray, scratch: np.ndarray) -> bool:
 def count_specials(dtype: str, raw: np.ndarray, first_index: int, found: Specials, out: np.ndarray) -> None:
     """Add the NaN and infinities of the chunk ``raw`` (values of ``dtype`` from flat index ``first_index``) to
     ``found``; ``out``: a float64 array for at least the chunk's values."""
-    values = decode(dtype, raw, out)
+    values = to_float64(dtype, raw, out)
     bad = ~np.isfinite(values)
     if not bad.any():
         return

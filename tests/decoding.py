@@ -9,7 +9,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from stfs.formats.safetensors import DTYPE_BITS
+from stfs.formats.dtypes import DTYPE_BITS
 
 ML_DTYPES = {
     "BF16": ml_dtypes.bfloat16,

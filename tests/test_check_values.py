@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from stfs.chunks import CHUNK_BYTES
 from stfs.cli import main
-from stfs.scan import CHUNK_BYTES
 from tests.helpers import stfs_command
 from tests.torch_models import model, write, write_shards
 

@@ -11,8 +11,9 @@ import struct
 import numpy as np
 import pytest
 
+from stfs import nodes
 from stfs.decode import CODECS, F32, NATIVE, npy_header, table
-from stfs.formats.safetensors import DTYPE_BITS
+from stfs.formats.dtypes import DTYPE_BITS
 from stfs.nodes import Decoded, FileNode, read_into
 from tests.decoding import every_code, minifloat_reference, parse_npy_header, reference
 
@@ -57,7 +58,7 @@ def test_whole_decode_equals_the_reference(dtype: str) -> None:
 def test_reads_anywhere_decode_only_the_source_bytes_that_cover_them(
     dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Decoded, "CHUNK", 4096)  # many chunks in one read
+    monkeypatch.setattr(nodes, "CHUNK_BYTES", 4096)  # many chunks in one read
     data = every_code(dtype, 12_000, seed=1)
     expected = reference(data, dtype).tobytes()
     segment = decoded(dtype, data, at=5)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from stfs.chunks import CHUNK_BYTES
 from stfs.cli import main
-from stfs.scan import CHUNK_BYTES
 from stfs.sources import LocalFiles, SourceChanged
 from tests.helpers import stfs_command
 from tests.models import write_header

@@ -13,8 +13,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from safetensors.numpy import save_file
 
+from stfs.chunks import CHUNK_BYTES
 from stfs.cli import main
-from stfs.scan import CHUNK_BYTES
 from tests.test_gguf_format import random_blocks, write
 
 Q8_0 = GGMLQuantizationType.Q8_0

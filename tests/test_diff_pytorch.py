@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from stfs.chunks import CHUNK_BYTES
 from stfs.cli import main
-from stfs.scan import CHUNK_BYTES
 
 torch = pytest.importorskip("torch")
 save_file = pytest.importorskip("safetensors.torch").save_file

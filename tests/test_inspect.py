@@ -21,11 +21,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from stfs.chunks import TensorBytes
 from stfs.daemon import daemon_pid, mounted
 from stfs.decode import NATIVE
-from stfs.formats.safetensors import DTYPE_BITS, TensorEntry
+from stfs.formats.dtypes import DTYPE_BITS
+from stfs.formats.safetensors import TensorEntry
 from stfs.heatmap import png_size
-from stfs.summary import Finished, TensorBytes
+from stfs.summary import Finished
 from stfs.tensor_stats import render, stats_size
 from tests.decoding import every_code, reference
 from tests.helpers import MountFn, dd_whole, need_fuse, peak_rss_anon_while, read_cold, rss_anon, run
@@ -664,7 +666,7 @@ def test_the_cache_makes_each_file_once_and_forgets_failures() -> None:
     finished = Finished(max_bytes=100)
     entry = TensorEntry("t", "U8", (4,), 0, 4)
     segment = Summary("k", 0, 10, entry, make, finished)
-    read = _bytes_source(b"abcd")
+    read = TensorBytes("k", 0, 4, "U8", (4,), _bytes_source(b"abcd"))
     with pytest.raises(OSError):
         finished.bytes_of(segment, make, read)
     fail[0] = False
