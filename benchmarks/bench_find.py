@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """`find MNT -type f | wc -l` over one tree served four ways, rounds shuffled, and the daemon's RssAnon.
 
-    python3 scripts/bench_find.py --data DIR --tensors 100000 --runs 20 --budget 480 \\
+    python3 benchmarks/bench_find.py --data DIR --tensors 100000 --runs 20 --budget 480 \\
         --stfs main=/work/main --stfs this=.   [--cref none] [--no-squashfuse] [--rss]
 
 Each round mounts, in a shuffled order, every ``--stfs LABEL=CHECKOUT[,VAR=VALUE...]`` (fresh mounts of
-bench.py's many_model of --tensors), scripts/cref.c serving the very tree stfs shows (bench.tree_listing;
+bench.py's many_model of --tensors), benchmarks/cref.c serving the very tree stfs shows (bench.tree_listing;
 ``--cref all|none`` adds its variants) and squashfuse_ll over a squashfs image of it, and times one ``find``
 on each. The machine's speed swings by several times within minutes, so next to the medians it prints the
 median of the per-round ratios (each stfs against the C reference and squashfuse_ll of the same round).
@@ -23,7 +23,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from scripts import bench, benchlib  # noqa: E402
+from benchmarks import bench, benchlib  # noqa: E402
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GGUF sources, side by side in one run (warm page cache):
 
-    flock /work/notes/bench.lock python3 scripts/bench_gguf.py [--data DIR] [--rounds 3]
+    flock /work/notes/bench.lock python3 benchmarks/bench_gguf.py [--data DIR] [--rounds 3]
 
 * ready: ``stfs mount`` of a GGUF holding a 151,936-token vocabulary (bench_gguf_header's Qwen-shaped file)
   until it returns, against gguf-py's ``GGUFReader(path)`` of the same file (target: at most 0.1x);
@@ -33,8 +33,8 @@ sys.path.insert(0, REPO)
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 
-from scripts.bench_gguf_header import write_model as write_vocabulary_model  # noqa: E402
-from scripts.benchlib import dd_seconds, environment, stfs_command  # noqa: E402
+from benchmarks.bench_gguf_header import write_model as write_vocabulary_model  # noqa: E402
+from benchmarks.benchlib import dd_seconds, environment, stfs_command  # noqa: E402
 from stfs.formats import gguf  # noqa: E402
 from tests.servers import Nginx  # noqa: E402
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reading a GGUF header with a Qwen-sized vocabulary: gguf-py's ``GGUFReader(path)`` against stfs's parser.
 
-    flock /work/notes/bench.lock python3 scripts/bench_gguf_header.py [--vocab 151936] [--rounds 5]
+    flock /work/notes/bench.lock python3 benchmarks/bench_gguf_header.py [--vocab 151936] [--rounds 5]
 
 Writes (with GGUFWriter) a GGUF holding a 151,936-token vocabulary as Qwen2's GGUFs carry it (tokens, scores,
 token_type, merges), some model keys and a few small tensors; then, in one run, alternating, times

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark ``--view stats`` and ``--view png`` (SPEC §9) against a dd of the tensor on the same mount.
 
-    python3 scripts/bench_inspect.py [--data DIR] [--runs 5] [--size-mib 256] [--out FILE.json]
+    python3 benchmarks/bench_inspect.py [--data DIR] [--runs 5] [--size-mib 256] [--out FILE.json]
 
 A BF16 tensor of --size-mib (shape 16384 x 8192 at 256 MiB: a 1024 x 1024 heatmap of 16 x 8 values a pixel),
 normal values, in --data (default /tmp/stfs-bench-inspect). Each run, in turn, each on a fresh mount (nothing
@@ -38,8 +38,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts.bench import mounted, peak_rss_while  # noqa: E402
-from scripts.benchlib import MIB, dd_seconds, environment, log  # noqa: E402
+from benchmarks.bench import mounted, peak_rss_while  # noqa: E402
+from benchmarks.benchlib import MIB, dd_seconds, environment, log  # noqa: E402
 
 TARGETS = {"stats_vs_dd": 3.0, "png_vs_dd": 4.0}
 

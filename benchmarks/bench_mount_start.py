@@ -1,6 +1,6 @@
 """``stfs mount`` of a local model of N tensors (default 300), checkouts alternated: the fixed cost of a mount.
 
-    python3 scripts/bench_mount_start.py --rounds 15 BEFORE_CHECKOUT AFTER_CHECKOUT
+    python3 benchmarks/bench_mount_start.py --rounds 15 BEFORE_CHECKOUT AFTER_CHECKOUT
 
 Each round mounts the same model once with each checkout (``PYTHONPATH`` pointing at it), in turn, timing
 ``python3 -m stfs mount MODEL MNT`` from start until it returns (the daemon answers), then unmounts. The order

@@ -2,7 +2,7 @@
 """PyTorch checkpoints (SPEC §12), side by side in one run, warm page cache, medians of --rounds rounds that
 alternate each command and its reference (which goes first turns round every round):
 
-    flock /work/notes/bench.lock python3 scripts/bench_pytorch.py [--data DIR] [--rounds 5] [--size-mib 1024]
+    flock /work/notes/bench.lock python3 benchmarks/bench_pytorch.py [--data DIR] [--rounds 5] [--size-mib 1024]
 
 1. info: ``python3 -m stfs info pytorch_model.bin`` of a 1 GiB checkpoint (bench_pytorch_info's 195 F32 tensors),
    a fresh process, against a fresh ``python3 -c`` running ``torch.load(path, mmap=True, weights_only=True)`` and
@@ -47,8 +47,8 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from scripts.bench_pytorch_info import TORCH_LIST, write_checkpoint  # noqa: E402
-from scripts.benchlib import MIB, cpu_seconds, environment, log, stfs_command  # noqa: E402
+from benchmarks.bench_pytorch_info import TORCH_LIST, write_checkpoint  # noqa: E402
+from benchmarks.benchlib import MIB, cpu_seconds, environment, log, stfs_command  # noqa: E402
 from scripts.fuzz_pickle import HOSTILE, hostile_checkpoint  # noqa: E402
 from tests.servers import FaultProxy, Nginx, find_tool  # noqa: E402
 

@@ -2,7 +2,7 @@
 """Listing the tensors of a 1 GiB ``pytorch_model.bin``: stfs's reader against ``torch.load(mmap=True,
 weights_only=True)``, side by side in one run (SPEC §12's target for ``stfs info``: at most 0.2 x torch).
 
-    flock /work/notes/bench.lock python3 scripts/bench_pytorch_info.py [--data DIR] [--rounds 7] [--size-mib 1024]
+    flock /work/notes/bench.lock python3 benchmarks/bench_pytorch_info.py [--data DIR] [--rounds 7] [--size-mib 1024]
 
 Writes (once, kept in --data) a ``torch.save`` of a state_dict of ~200 F32 tensors (a 24-layer model's
 shapes) of --size-mib MiB, and a 64 MiB one. Then, alternating, each round:

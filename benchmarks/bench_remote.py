@@ -1,4 +1,4 @@
-"""The ``remote`` section of scripts/bench.py: stfs over HTTP next to curl and rclone mount, on loopback.
+"""The ``remote`` section of benchmarks/bench.py: stfs over HTTP next to curl and rclone mount, on loopback.
 
 A 1 GiB model of eight 128 MiB tensors (``t0`` … ``t7``, random bytes) behind nginx (tests/servers.py's
 ``Nginx``, its own config and access log under ``--data``), and the same behind tests/servers.py's
@@ -50,7 +50,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts.benchlib import (  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
     MIB,
     STFS_REPO,
     cpu_seconds,

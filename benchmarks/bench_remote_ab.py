@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two stfs checkouts over the same nginx, alternated round by round: each figure ÷ curl of the same bytes.
 
-    python3 scripts/bench_remote_ab.py --data DIR --checkout main=/work/main --checkout this=. \\
+    python3 benchmarks/bench_remote_ab.py --data DIR --checkout main=/work/main --checkout this=. \\
         [--rounds 4] [-o max_read=131072] [--https]
 
 bench_remote's 1 GiB model (eight 128 MiB tensors) behind bench_remote's nginx; per round and checkout, each on
@@ -30,8 +30,8 @@ from pathlib import Path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from scripts import bench_remote  # noqa: E402
-from scripts.benchlib import STFS_REPO, cpu_seconds, dd_seconds  # noqa: E402
+from benchmarks import bench_remote  # noqa: E402
+from benchmarks.benchlib import STFS_REPO, cpu_seconds, dd_seconds  # noqa: E402
 from tests.servers import FaultProxy, Nginx, make_tls  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak test: many concurrent readers over a mounted sharded model, every byte checked against the source.
 
-    python3 scripts/soak.py --duration 600 --workdir /work/rel-data/soak
+    python3 benchmarks/soak.py --duration 600 --workdir /work/rel-data/soak
 
 Makes a sharded model (``--shards`` files of about ``--shard-mb`` MB, big and tiny tensors),
 mounts it with the background ``stfs mount``, then runs ``--threads`` reader threads and

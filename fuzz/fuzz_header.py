@@ -5,8 +5,8 @@ Any exception that is not an ``StfsError`` is a crash. Crashes do not stop the r
 (exception type + innermost stfs frame) is written to ``--crash-dir`` with its
 traceback, so one long run finds them all. Replay saved inputs with ``--replay``.
 
-    python3 scripts/fuzz_header.py -max_total_time=600 /work/rel-data/fuzz-corpus
-    python3 scripts/fuzz_header.py --replay /work/rel-data/fuzz-crashes/crash-*.bin
+    python3 fuzz/fuzz_header.py -max_total_time=600 /work/rel-data/fuzz-corpus
+    python3 fuzz/fuzz_header.py --replay /work/rel-data/fuzz-crashes/crash-*.bin
 
 Each input's first byte picks a mode:
 

@@ -13,9 +13,9 @@ legacy counts). A failure is
 - with ``--torch``: a file ``torch.load(weights_only=True)`` and stfs both accept whose tensors differ (names,
   dtypes, shapes, bytes), for the plain dicts of tensors torch returns.
 
-    python3 scripts/fuzz_pickle.py --inputs 2000 --seed 1          # what tests/test_pytorch_format.py runs, less
-    python3 scripts/fuzz_pickle.py --seconds 600 --torch
-    python3 scripts/fuzz_pickle.py --hostile                        # time and memory of the hostile pickles
+    python3 fuzz/fuzz_pickle.py --inputs 2000 --seed 1          # what tests/test_pytorch_format.py runs, less
+    python3 fuzz/fuzz_pickle.py --seconds 600 --torch
+    python3 fuzz/fuzz_pickle.py --hostile                        # time and memory of the hostile pickles
 
 Also the tools the tests build hand-made checkpoints with: ``write_zip`` (stored entries, torch's 64-byte
 alignment, ZIP64 on request), a small pickle assembler, and the hostile pickles of SPEC §12.

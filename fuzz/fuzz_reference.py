@@ -12,8 +12,8 @@ is compared with the reference's (``safetensors.deserialize`` and ``safe_open``)
 
 Each failure is printed with a minimal input, shrunk while it still fails the same way.
 
-    python3 scripts/fuzz_reference.py --inputs 3000 --seed 1      # what tests/test_reference.py runs
-    python3 scripts/fuzz_reference.py --minutes 10 --json out.json
+    python3 fuzz/fuzz_reference.py --inputs 3000 --seed 1      # what tests/test_reference.py runs
+    python3 fuzz/fuzz_reference.py --minutes 10 --json out.json
 """
 
 from __future__ import annotations
