@@ -20,7 +20,7 @@ alternate each command and its reference (which goes first turns round every rou
    layout and the older one (``_use_new_zipfile_serialization=False``): requests and body bytes in nginx's access
    log (target: at most 1 MiB); then the same through the tests' fault proxy adding 20 ms to every request (a
    link to a distant server): wall seconds, where the requests that do not depend on each other go out together.
-4. hostile pickles: ``python3 -m stfs check FILE`` of each of fuzz_pickle.py's hostile checkpoints (billion
+4. hostile pickles: ``python3 -m stfs check FILE`` of each of the hostile checkpoints of tests/checkpoints.py (billion
    laughs, 100,000-deep nesting, strings longer than the file, ...) under ``/usr/bin/time``: wall seconds, peak
    RSS, exit status and the error line (target: refused, exit 1, one line, within 20 s and 400 MiB).
 
@@ -49,7 +49,7 @@ sys.path.insert(0, REPO)
 
 from benchmarks.bench_pytorch_info import TORCH_LIST, write_checkpoint  # noqa: E402
 from benchmarks.benchlib import MIB, cpu_seconds, environment, log, stfs_command  # noqa: E402
-from scripts.fuzz_pickle import HOSTILE, hostile_checkpoint  # noqa: E402
+from tests.checkpoints import HOSTILE, hostile_checkpoint  # noqa: E402
 from tests.servers import FaultProxy, Nginx, find_tool  # noqa: E402
 
 MOUNT_PREFIX = "/tmp/bench-pytorch-mnt"
@@ -65,7 +65,7 @@ class Files:
     checkpoint_folder: Path  # holds only pytorch_model.bin, a hard link of ``checkpoint``
     safetensors_folder: Path  # holds only model.safetensors, the same tensors written by safetensors
     remote: dict[str, Path]  # layout -> a 64 MiB checkpoint
-    hostile: dict[str, Path]  # fuzz_pickle.HOSTILE's name -> its checkpoint
+    hostile: dict[str, Path]  # tests.checkpoints.HOSTILE's name -> its checkpoint
 
 
 def slug(name: str) -> str:

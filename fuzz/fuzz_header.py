@@ -40,6 +40,8 @@ import types
 
 import atheris
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's stfs
+
 if {"--replay", "--line-coverage"} & set(sys.argv):  # plain bytecode, so line tracing sees the source as written
     from stfs import errors, model, tree, views
     from stfs.formats import safetensors as format
