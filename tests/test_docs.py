@@ -1,6 +1,6 @@
 """The documentation cannot drift: README's example is what ``scripts/demo.py`` prints today, every relative link of
-README.md, CHANGELOG.md and docs/*.md leads to a file (and heading) that exists, and the pages speak of stfs, not of
-how it was made."""
+README.md, CHANGELOG.md and docs/*.md leads to a file (and heading) that exists, every file of the repository they
+name (a script they run, a module) exists, and the pages speak of stfs, not of how it was made."""
 
 from __future__ import annotations
 
@@ -103,6 +103,23 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page: Path) 
         elif anchor and anchor not in anchors(destination):
             broken.append(f"{target}: no heading with that anchor in {destination.relative_to(REPO)}")
     assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+# A path in the repository, as pages name files in prose and in commands (``python3 benchmarks/bench.py``).
+REPO_PATH = re.compile(r"(?<![\w/.~-])((?:\.ci|benchmarks|fuzz|scripts|tests|stfs|man|docs)/[\w./*-]*[\w*])")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_every_file_a_page_names_exists(page: Path) -> None:
+    """A file moved or renamed leaves no page naming it, nor a command that runs it (``tests/test_*.py`` is a
+    pattern; a capitalised part, ``benchmarks/NAME.py``, a placeholder)."""
+    missing = []
+    for path in sorted(set(REPO_PATH.findall(page.read_text()))):
+        if re.search(r"(?:^|/)[A-Z_]+(?:\.\w+)?(?:/|$)", path):
+            continue
+        if not (any(REPO.glob(path)) if "*" in path else (REPO / path).exists()):
+            missing.append(path)
+    assert not missing, f"{page.relative_to(REPO)} names what is not in the repository: {', '.join(missing)}"
 
 
 def test_readme_links_to_every_page_of_docs() -> None:

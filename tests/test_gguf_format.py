@@ -867,7 +867,7 @@ def test_fuzzer_finds_nothing_in_a_short_run(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "fuzz_gguf.py"),
+            str(REPO / "fuzz" / "fuzz_gguf.py"),
             "--seconds",
             "6",
             "--seed",

@@ -1,4 +1,4 @@
-"""Hostile input: what the fuzzer found (scripts/fuzz_header.py), and valid files built to hurt.
+"""Hostile input: what the fuzzer found (fuzz/fuzz_header.py), and valid files built to hurt.
 
 Run as a script to measure a mount of a huge header (docs/reliability.md):
 

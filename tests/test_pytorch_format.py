@@ -5,6 +5,7 @@ within bounds; the equivalent safetensors file loaded by the real safetensors; a
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import struct
@@ -22,9 +23,9 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from scripts import fuzz_pickle as fz
 from stfs import errors
 from stfs.formats import pytorch
+from tests import checkpoints as ck
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -389,20 +390,20 @@ def test_the_tar_format_of_torch_0x_is_refused_with_advice() -> None:
 
 
 def test_other_files_are_not_checkpoints() -> None:
-    for data in (b"", b"hello", fz.write_zip([("a/readme.txt", b"hi")]), pickle.dumps({"a": 1}, protocol=2)):
+    for data in (b"", b"hello", ck.write_zip([("a/readme.txt", b"hi")]), pickle.dumps({"a": 1}, protocol=2)):
         with pytest.raises(errors.NotACheckpoint):
             read(data)
 
 
 # -- the zip layout, by hand ---------------------------------------------------------------------------------------
 
-ONE_TENSOR = fz.state_dict_pickle([("w", fz.p_tensor("0", 4, 0, (2, 2), (2, 1)))])
+ONE_TENSOR = ck.state_dict_pickle([("w", ck.p_tensor("0", 4, 0, (2, 2), (2, 1)))])
 FOUR_FLOATS = struct.pack("<4f", 1, 2, 3, 4)
 
 
 @pytest.mark.parametrize("options", [{}, {"zip64": True}, {"align": 0}, {"comment": b"a comment" * 100}])
 def test_hand_made_zips_as_other_writers_make_them(options: dict[str, Any]) -> None:
-    data = fz.checkpoint_zip(ONE_TENSOR, {"0": FOUR_FLOATS}, **options)
+    data = ck.checkpoint_zip(ONE_TENSOR, {"0": FOUR_FLOATS}, **options)
     assert torch.load(io.BytesIO(data), weights_only=True)["w"].tolist() == [[1, 2], [3, 4]]  # torch takes it too
     tensor = read(data).tensors[0]
     assert data[tensor.offset : tensor.offset + tensor.nbytes] == FOUR_FLOATS
@@ -436,7 +437,7 @@ def test_python_zipfile_rewrites_read_the_same() -> None:
 )
 def test_zip_refusals(mutation: dict[str, Any], error: type[errors.PytorchError], match: str) -> None:
     storages = mutation.pop("storages", {"0": FOUR_FLOATS})
-    data = fz.checkpoint_zip(ONE_TENSOR, storages, **mutation)
+    data = ck.checkpoint_zip(ONE_TENSOR, storages, **mutation)
     with pytest.raises(error, match=match) as caught:
         read(data, "m.bin")
     assert str(caught.value).startswith("m.bin: ") and "\n" not in str(caught.value)
@@ -460,12 +461,12 @@ def test_a_storage_entry_marked_a_directory_is_refused() -> None:
 
 
 def test_no_byteorder_record_means_little_endian() -> None:
-    data = fz.checkpoint_zip(ONE_TENSOR, {"0": FOUR_FLOATS}, byteorder=None)
+    data = ck.checkpoint_zip(ONE_TENSOR, {"0": FOUR_FLOATS}, byteorder=None)
     assert names_of(read(data)) == ["w"]
 
 
 def test_broken_zip_structures_are_refused() -> None:
-    good = fz.checkpoint_zip(ONE_TENSOR, {"0": FOUR_FLOATS}, zip64=True)
+    good = ck.checkpoint_zip(ONE_TENSOR, {"0": FOUR_FLOATS}, zip64=True)
     eocd = good.rfind(b"PK\x05\x06")
     locator = good.rfind(b"PK\x06\x07")
     central = good.find(b"PK\x01\x02")
@@ -484,27 +485,27 @@ def test_broken_zip_structures_are_refused() -> None:
 
 def test_a_tensor_outside_its_storage_is_refused_by_name() -> None:
     cases = [
-        fz.p_tensor("0", 4, 1, (2, 2), (2, 1)),  # offset 1: the last element is the fifth
-        fz.p_tensor("0", 4, 0, (2, 3), (2, 1)),
-        fz.p_tensor("0", 4, 0, (3, 2), (1, 2)),  # strided past the end
-        fz.p_tensor("0", 4, 0, (2,), (4,)),
+        ck.p_tensor("0", 4, 1, (2, 2), (2, 1)),  # offset 1: the last element is the fifth
+        ck.p_tensor("0", 4, 0, (2, 3), (2, 1)),
+        ck.p_tensor("0", 4, 0, (3, 2), (1, 2)),  # strided past the end
+        ck.p_tensor("0", 4, 0, (2,), (4,)),
     ]
     for case in cases:
-        data = fz.checkpoint_zip(fz.state_dict_pickle([("bad", case)]), {"0": FOUR_FLOATS})
+        data = ck.checkpoint_zip(ck.state_dict_pickle([("bad", case)]), {"0": FOUR_FLOATS})
         with pytest.raises(errors.TensorOutOfStorage, match="tensor 'bad'"):
             read(data)
     # an empty tensor needs no bytes, wherever its offset points
-    empty = fz.checkpoint_zip(fz.state_dict_pickle([("e", fz.p_tensor("0", 4, 9, (0, 5), (5, 1)))]), {"0": FOUR_FLOATS})
+    empty = ck.checkpoint_zip(ck.state_dict_pickle([("e", ck.p_tensor("0", 4, 9, (0, 5), (5, 1)))]), {"0": FOUR_FLOATS})
     assert read(empty).tensors[0].nbytes == 0
 
 
 def test_malformed_tensor_descriptions_are_refused() -> None:
     cases = [
-        fz.p_tensor("0", 4, 0, (2, 2), (1,)),  # strides of another length
-        fz.p_global("torch._utils", "_rebuild_tensor_v2") + fz.p_tuple(fz.p_int(1), fz.p_int(0)) + b"R",
+        ck.p_tensor("0", 4, 0, (2, 2), (1,)),  # strides of another length
+        ck.p_global("torch._utils", "_rebuild_tensor_v2") + ck.p_tuple(ck.p_int(1), ck.p_int(0)) + b"R",
     ]
     for case in cases:
-        data = fz.checkpoint_zip(fz.state_dict_pickle([("bad", case)]), {"0": FOUR_FLOATS})
+        data = ck.checkpoint_zip(ck.state_dict_pickle([("bad", case)]), {"0": FOUR_FLOATS})
         with pytest.raises((errors.InvalidTensorArgs, errors.InvalidPickle)):
             read(data)
 
@@ -540,12 +541,12 @@ def test_a_legacy_file_as_python_2_torch_wrote_it() -> None:
 
     def pid(key: str, storage: str, numel: int, view: bytes = b"N") -> bytes:
         return (
-            fz.p_tuple(
-                fz.p_binstring("storage"),
-                fz.p_global("torch.cuda", storage),
-                fz.p_binstring(key),
-                fz.p_binstring("cuda:0"),
-                fz.p_int(numel),
+            ck.p_tuple(
+                ck.p_binstring("storage"),
+                ck.p_global("torch.cuda", storage),
+                ck.p_binstring(key),
+                ck.p_binstring("cuda:0"),
+                ck.p_int(numel),
                 view,
             )
             + b"Q"
@@ -554,23 +555,23 @@ def test_a_legacy_file_as_python_2_torch_wrote_it() -> None:
     def rebuild(
         function: str, storage_pid: bytes, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]
     ) -> bytes:
-        args = [storage_pid, fz.p_int(offset), fz.p_tuple(*map(fz.p_int, shape)), fz.p_tuple(*map(fz.p_int, strides))]
+        args = [storage_pid, ck.p_int(offset), ck.p_tuple(*map(ck.p_int, shape)), ck.p_tuple(*map(ck.p_int, strides))]
         if function == "_rebuild_tensor_v2":
-            args += [b"\x89", fz.p_global("collections", "OrderedDict") + b")R"]
-        return fz.p_global("torch._utils", function) + fz.p_tuple(*args) + b"R"
+            args += [b"\x89", ck.p_global("collections", "OrderedDict") + b")R"]
+        return ck.p_global("torch._utils", function) + ck.p_tuple(*args) + b"R"
 
     floats = struct.pack("<6f", *range(6))
     longs = struct.pack("<3q", 7, 8, 9)
-    view = fz.p_tuple(fz.p_binstring("140001"), fz.p_int(2), fz.p_int(4))  # elements 2..5 of the root
-    body = fz.p_dict(
+    view = ck.p_tuple(ck.p_binstring("140001"), ck.p_int(2), ck.p_int(4))  # elements 2..5 of the root
+    body = ck.p_dict(
         [
-            (fz.p_binstring("w"), rebuild("_rebuild_tensor_v2", pid("140000", "FloatStorage", 6), 0, (2, 3), (3, 1))),
-            (fz.p_binstring("wt"), rebuild("_rebuild_tensor_v2", pid("140000", "FloatStorage", 6), 0, (3, 2), (1, 3))),
-            (fz.p_binstring("v"), rebuild("_rebuild_tensor", pid("140000", "FloatStorage", 6, view), 1, (2,), (1,))),
-            (fz.p_binstring("i"), rebuild("_rebuild_tensor_v2", pid("140002", "LongStorage", 3), 1, (2,), (1,))),
+            (ck.p_binstring("w"), rebuild("_rebuild_tensor_v2", pid("140000", "FloatStorage", 6), 0, (2, 3), (3, 1))),
+            (ck.p_binstring("wt"), rebuild("_rebuild_tensor_v2", pid("140000", "FloatStorage", 6), 0, (3, 2), (1, 3))),
+            (ck.p_binstring("v"), rebuild("_rebuild_tensor", pid("140000", "FloatStorage", 6, view), 1, (2,), (1,))),
+            (ck.p_binstring("i"), rebuild("_rebuild_tensor_v2", pid("140002", "LongStorage", 3), 1, (2,), (1,))),
         ]
     )
-    data = fz.legacy_file(fz.PROTO2 + body + fz.STOP, [("140000", 6, floats), ("140002", 3, longs)])
+    data = ck.legacy_file(ck.PROTO2 + body + ck.STOP, [("140000", 6, floats), ("140002", 3, longs)])
     checkpoint = read(data)
     assert checkpoint.layout == "legacy"
     with warnings.catch_warnings():
@@ -579,9 +580,9 @@ def test_a_legacy_file_as_python_2_torch_wrote_it() -> None:
     assert expected["v"].tolist() == [3.0, 4.0]  # torch reads the view as we do: elements 1.. of elements 2..5
     check_bytes(data, checkpoint, expected)
     with pytest.raises(errors.BigEndianCheckpoint):
-        read(fz.legacy_file(fz.PROTO2 + body + fz.STOP, [("140000", 6, floats)], little_endian=False))
+        read(ck.legacy_file(ck.PROTO2 + body + ck.STOP, [("140000", 6, floats)], little_endian=False))
     with pytest.raises(errors.InvalidStorage, match="140002"):  # a storage the keys do not list
-        read(fz.legacy_file(fz.PROTO2 + body + fz.STOP, [("140000", 6, floats)]))
+        read(ck.legacy_file(ck.PROTO2 + body + ck.STOP, [("140000", 6, floats)]))
 
 
 def test_legacy_reads_are_the_pickles_and_the_counts() -> None:
@@ -767,33 +768,33 @@ def test_hostile_pickles_are_refused_within_400_mib_and_20_s_of_cpu(
     tmp_path: Path, name: str, error: type[errors.StfsError]
 ) -> None:
     path = tmp_path / "hostile.pt"
-    path.write_bytes(fz.hostile_checkpoint(name))
-    result = fz.read_bounded(str(path), memory=400 << 20, seconds=20)  # the kernel holds the child to both
+    path.write_bytes(ck.hostile_checkpoint(name))
+    result = ck.read_bounded(str(path), memory=400 << 20, seconds=20)  # the kernel holds the child to both
     assert result.outcome == f"refused {error.__name__}", (result.outcome, result.message)
     assert result.max_rss < 400 << 20
 
 
 @pytest.mark.parametrize("name", ["2,000,010 opcodes", "1,000,010 memo entries"])
 def test_the_opcode_and_memo_bounds(name: str) -> None:
-    data = fz.hostile_checkpoint(name)
+    data = ck.hostile_checkpoint(name)
     with pytest.raises(errors.PickleLimitExceeded):
         read(data)
 
 
 def test_cycles_deep_keys_and_self_references_end() -> None:
     cycle = (
-        fz.PROTO2 + b"}q\x00" + fz.p_str("me") + b"h\x00s" + fz.p_str("w") + fz.p_tensor("0", 4, 0, (4,), (1,)) + b"s."
+        ck.PROTO2 + b"}q\x00" + ck.p_str("me") + b"h\x00s" + ck.p_str("w") + ck.p_tensor("0", 4, 0, (4,), (1,)) + b"s."
     )
-    key = fz.deep_nesting(100_000, "key")
+    key = ck.deep_nesting(100_000, "key")
     recursive_rebuild = (
-        fz.PROTO2
-        + fz.p_dict(
+        ck.PROTO2
+        + ck.p_dict(
             [
                 (
-                    fz.p_str("w"),
-                    fz.p_global("torch._tensor", "_rebuild_from_type_v2")
+                    ck.p_str("w"),
+                    ck.p_global("torch._tensor", "_rebuild_from_type_v2")
                     + b"q\x00"
-                    + fz.p_tuple(b"h\x00", fz.p_global("torch", "Tensor"), b")", b"N")
+                    + ck.p_tuple(b"h\x00", ck.p_global("torch", "Tensor"), b")", b"N")
                     + b"R",
                 )
             ]
@@ -801,7 +802,7 @@ def test_cycles_deep_keys_and_self_references_end() -> None:
         + b"."
     )
     for pickle_bytes in (cycle, key, recursive_rebuild):
-        data = fz.checkpoint_zip(pickle_bytes, {"0": FOUR_FLOATS})
+        data = ck.checkpoint_zip(pickle_bytes, {"0": FOUR_FLOATS})
         try:
             checkpoint = read(data)
         except errors.PytorchError:
@@ -813,18 +814,18 @@ def test_nothing_is_imported_or_called() -> None:
     """The reader's module never imports torch and resolves no name: read a checkpoint naming modules that do not
     exist and ones that would run code, in a child, then look at what it imported."""
     payload = (
-        fz.PROTO2
-        + fz.p_dict(
+        ck.PROTO2
+        + ck.p_dict(
             [
-                (fz.p_str("a"), fz.p_global("no_such_module_xyz", "f") + b")R"),
-                (fz.p_str("b"), fz.p_global("os", "system") + fz.p_tuple(fz.p_str("exit 3")) + b"R"),
-                (fz.p_str("c"), b"\x8c\x08builtins\x8c\x04eval\x93" + fz.p_tuple(fz.p_str("1/0")) + b"R"),
-                (fz.p_str("d"), fz.p_global("subprocess", "Popen") + b")\x81" + fz.p_dict([]) + b"b"),
+                (ck.p_str("a"), ck.p_global("no_such_module_xyz", "f") + b")R"),
+                (ck.p_str("b"), ck.p_global("os", "system") + ck.p_tuple(ck.p_str("exit 3")) + b"R"),
+                (ck.p_str("c"), b"\x8c\x08builtins\x8c\x04eval\x93" + ck.p_tuple(ck.p_str("1/0")) + b"R"),
+                (ck.p_str("d"), ck.p_global("subprocess", "Popen") + b")\x81" + ck.p_dict([]) + b"b"),
             ]
         )
         + b"."
     )
-    data = fz.checkpoint_zip(payload, {})
+    data = ck.checkpoint_zip(payload, {})
     script = (
         "import sys; from stfs.formats import pytorch\n"
         "data = sys.stdin.buffer.read()\n"
@@ -849,6 +850,9 @@ def test_nothing_is_imported_or_called() -> None:
 
 
 def test_a_bounded_fuzz_run_finds_nothing() -> None:
-    report = fz.run(seed=7, inputs=1500)
-    assert report.failures == {}
-    assert report.verdicts["accepted"] > 50 and len(report.verdicts) > 5
+    command = [sys.executable, str(REPO / "fuzz" / "fuzz_pickle.py"), "--seed", "7", "--inputs", "1500"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=110, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["failures"] == {}
+    assert report["verdicts"]["accepted"] > 50 and len(report["verdicts"]) > 5

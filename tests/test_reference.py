@@ -6,8 +6,12 @@ as against stfs, so a newer reference that moved one would fail here rather than
 
 from __future__ import annotations
 
+import ast
+import json
 import random
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +19,13 @@ import pytest
 import safetensors
 from safetensors import safe_open
 
-from scripts import fuzz_reference
 from stfs import errors
 from stfs.formats.safetensors import reference_number
 from stfs.model import read_header
+from tests import verdicts
 from tests.models import write_header
 
+REPO = Path(__file__).resolve().parent.parent
 TENSOR = '"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]'
 
 
@@ -113,7 +118,7 @@ def test_number_out_of_range_in_a_shape_is_named_so(tmp_path: Path) -> None:
 
 def test_reference_number_agrees_with_the_reference_near_the_boundary() -> None:
     rng = random.Random(19)
-    literals = [fuzz_reference.boundary_number(rng) for _ in range(400)] + fuzz_reference.NUMBERS
+    literals = [verdicts.boundary_number(rng) for _ in range(400)] + verdicts.NUMBERS
     refused = 0
     for literal in literals:
         raw = ("{" + TENSOR + ',"x":' + literal + "}}").encode()
@@ -229,63 +234,68 @@ def test_where_stfs_is_stricter_than_the_reference(tmp_path: Path, header: str, 
     path = write_header(str(tmp_path / "strict.safetensors"), None, raw=header.encode())
     assert reference_accepts(path)
     assert type(stfs_refusal(path)) is error
-    assert fuzz_reference.stricter_rule(Path(path).read_bytes()) is not None  # the fuzzer lets these pass
+    assert verdicts.stricter_rule(Path(path).read_bytes()) is not None  # the fuzzer lets these pass
 
 
-# -- the differential fuzzer -------------------------------------------------------------------------------------------
+# -- the differential fuzzer (fuzz/fuzz_reference.py) ------------------------------------------------------------------
+
+
+def fuzz(tmp_path: Path, *options: str) -> dict[str, Any]:
+    """The figures (the JSON it prints) of a run of the fuzzer with ``options``."""
+    command = [sys.executable, str(REPO / "fuzz" / "fuzz_reference.py"), "--work-dir", str(tmp_path), *options]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=110, cwd=REPO)
+    assert result.returncode in (0, 1), result.stderr
+    figures: dict[str, Any] = json.loads(result.stdout)
+    return figures
 
 
 @pytest.mark.timeout(120)
 def test_bounded_fuzz_run_finds_no_disagreement(tmp_path: Path) -> None:
-    report = fuzz_reference.run(seed=1, inputs=3000, work_dir=str(tmp_path))
-    assert report.inputs == 3000
-    assert report.failed == 0, [(f.signature, f.minimal) for f in report.failures]
-    assert report.agreements["both accept"] > 200
+    figures = fuzz(tmp_path, "--seed", "1", "--inputs", "3000")
+    assert figures["inputs"] == 3000
+    assert not figures["disagreements"] and not figures["crashes"], figures["failures"]
+    agreements = figures["agreements"]
+    assert agreements["both accept"] > 200
     for kind in ("NumberOutOfRange", "RecursionLimitExceeded", "DuplicateKey", "MalformedTensorInfo"):
-        assert report.agreements[f"both refuse: {kind}"] > 0, kind
-    for rule in fuzz_reference.STRICTER:
-        assert report.agreements[f"stricter as documented: {rule}"] > 0, rule
-    assert len(report.by_mutation) == len(fuzz_reference.MUTATORS)
+        assert agreements.get(f"both refuse: {kind}", 0) > 0, kind
+    for rule in verdicts.STRICTER:
+        assert agreements.get(f"stricter as documented: {rule}", 0) > 0, rule
+    assert all(figures["inputs by mutation"].values()), figures["inputs by mutation"]  # every mutator ran
 
 
 @pytest.mark.timeout(120)
 def test_fuzzer_catches_the_old_json_reading_and_shrinks_it(tmp_path: Path) -> None:
     # Issue 19's two classes, as stfs had them: nesting and numbers past the reference's limits accepted.
-    def lenient(path: str) -> fuzz_reference.Verdict:
-        verdict = fuzz_reference.stfs_verdict(path)
-        if verdict.kind in ("RecursionLimitExceeded", "NumberOutOfRange"):
-            return fuzz_reference.Verdict(True, "ok")
-        return verdict
-
-    report = fuzz_reference.run(seed=1, inputs=1500, work_dir=str(tmp_path), validate=lenient)
-    found = {failure.signature: failure for failure in report.failures}
+    figures = fuzz(tmp_path, "--seed", "1", "--inputs", "1500", "--validate", "tests.verdicts:lenient_verdict")
+    found = {failure["signature"]: ast.literal_eval(failure["minimal"]) for failure in figures["failures"]}
     for kind in ("RecursionLimitExceeded", "NumberOutOfRange"):
-        failure = found[f"stfs accepts, the reference refuses ({kind})"]
-        assert len(failure.minimal) < 400 if kind == "RecursionLimitExceeded" else len(failure.minimal) < 120
-        replay = fuzz_reference.judge(failure.minimal, str(tmp_path / "replay.safetensors"), lenient)
-        assert replay.signature == failure.signature
+        signature = f"stfs accepts, the reference refuses ({kind})"
+        minimal = found[signature]
+        assert len(minimal) < 400 if kind == "RecursionLimitExceeded" else len(minimal) < 120
+        replay = verdicts.judge(minimal, str(tmp_path / "replay.safetensors"), verdicts.lenient_verdict)
+        assert replay.signature == signature
 
 
-def test_fuzzer_does_not_take_a_mislabelled_refusal_as_documented(tmp_path: Path) -> None:
-    def refuses_all(path: str) -> fuzz_reference.Verdict:
-        return fuzz_reference.Verdict(False, "DuplicateKey", "claims a duplicate")
+def test_a_refusal_for_another_rule_is_not_taken_as_a_documented_one(tmp_path: Path) -> None:
+    def claims_a_repeated_key(path: str) -> verdicts.Verdict:
+        return verdicts.Verdict(False, "DuplicateKey", "claims a duplicate")
 
-    report = fuzz_reference.run(seed=2, inputs=200, work_dir=str(tmp_path), validate=refuses_all, max_failures=1)
-    assert report.disagreements["stfs refuses (DuplicateKey), the reference accepts"] > 0
-    assert report.agreements["stricter as documented: duplicate-key"] > 0  # where there really is one
+    path = str(tmp_path / "input.safetensors")
+    for header, signature in [
+        ("{" + TENSOR + "}}", "stfs refuses (DuplicateKey), the reference accepts"),
+        (" {" + TENSOR + "}}", "stfs refuses (DuplicateKey), the reference accepts"),  # stricter, for another rule
+        ('{"__metadata__":{"k":"1","k":"2"}}', None),
+    ]:
+        raw = header.encode()
+        outcome = verdicts.judge(struct.pack("<Q", len(raw)) + raw, path, claims_a_repeated_key)
+        assert outcome.signature == signature, header
+    assert outcome.agreement == "stricter as documented: duplicate-key"
 
 
-def test_fuzzer_counts_a_foreign_exception_as_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = fuzz_reference.fetch_header
-
-    def broken(fetch: Any, *, path: str, file_size: int) -> object:
-        try:
-            return real(fetch, path=path, file_size=file_size)
-        except errors.DuplicateKey:
-            raise KeyError("planted") from None
-
-    monkeypatch.setattr(fuzz_reference, "fetch_header", broken)
-    report = fuzz_reference.run(seed=3, inputs=300, work_dir=str(tmp_path), max_failures=1)
-    assert report.crashes["crash KeyError"] > 0 and not report.disagreements
-    assert report.failures[0].signature == "crash KeyError" and report.failures[0].stfs.crash
-    assert len(report.failures[0].minimal) < 64, report.failures[0].minimal  # e.g. {"":{"k":[],"k":[]}}
+def test_fuzzer_counts_a_foreign_exception_as_a_crash(tmp_path: Path) -> None:
+    figures = fuzz(tmp_path, "--seed", "3", "--inputs", "300", "--validate", "tests.verdicts:crashing_verdict")
+    assert figures["crashes"].get("crash KeyError", 0) > 0 and not figures["disagreements"]
+    failure = figures["failures"][0]
+    assert failure["signature"] == "crash KeyError"
+    minimal = ast.literal_eval(failure["minimal"])
+    assert len(minimal) < 64, minimal  # e.g. {"":{"k":[],"k":[]}}

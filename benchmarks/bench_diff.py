@@ -17,7 +17,7 @@ rounds that run each command and its reference in turn:
   hub         ``stfs diff`` of a local copy of A against the same file in a Hub repository (the tests' fake Hub on
               nginx): bytes its CDN sent (the header's first read only)                   target: no tensor bytes
 
-    python3 scripts/bench_diff.py --data /tmp/stfs-bench-diff --runs 5
+    python3 benchmarks/bench_diff.py --data /tmp/stfs-bench-diff --runs 5
 
 The models are made once into ``--data`` (5 GiB) and kept; ``--clean`` deletes them first.
 """
@@ -33,17 +33,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts.benchlib import MIB, environment, log, stfs_command, write_model  # noqa: E402
+from benchmarks.benchlib import MIB, bf16_fill, environment, log, stfs_command, warm, write_model  # noqa: E402
 from tests.servers import FakeHub, Nginx, find_tool  # noqa: E402
 
 TENSOR_SHAPE = [4096, 4096]  # BF16: 32 MiB a tensor
@@ -73,23 +70,10 @@ with safe_open(sys.argv[1], "pt") as f:
 """
 
 
-def bf16_fill(seed: int) -> Callable[[Any, int], None]:
-    """A ``write_model`` fill of normal values as BF16 (float32's upper halves): what weights look like, and no NaN
-    or infinity."""
-
-    def fill(stream: Any, total: int) -> None:
-        rng = np.random.default_rng(seed)
-        for _ in range(total // TENSOR_BYTES):
-            values = rng.standard_normal(TENSOR_BYTES // 2, dtype=np.float32) * 0.02
-            stream.write((values.view(np.uint32) >> 16).astype(np.uint16).tobytes())
-
-    return fill
-
-
 def make_model(path: Path, tensors: int, seed: int) -> int:
     """A BF16 model of ``tensors`` 32 MiB tensors; the offset of its data."""
     layout = [(f"model.layers.{i}.weight", "BF16", TENSOR_SHAPE, TENSOR_BYTES) for i in range(tensors)]
-    return 8 + write_model(str(path), layout, bf16_fill(seed))
+    return 8 + write_model(str(path), layout, bf16_fill(seed, 0.02))
 
 
 def change_values(path: Path, data_start: int, offsets: list[int]) -> None:
@@ -120,13 +104,6 @@ def models(data: Path) -> dict[str, Path]:
             paths["big_b"], start, [i * TENSOR_BYTES + (i * 7919 % TENSOR_BYTES) // 2 * 2 for i in range(BIG_TENSORS)]
         )
     return paths
-
-
-def warm(*paths: Path) -> None:
-    for path in paths:
-        with open(path, "rb") as stream:
-            while stream.read(16 * MIB):
-                pass
 
 
 def side_by_side(commands: dict[str, tuple[list[str], int]], runs: int) -> dict[str, float]:

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Soak test: many concurrent readers over a mounted sharded model, every byte checked against the source.
 
-    python3 scripts/soak.py --duration 600 --workdir /work/rel-data/soak
+    python3 benchmarks/soak.py --duration 600 --workdir /work/rel-data/soak
 
 Makes a sharded model (``--shards`` files of about ``--shard-mb`` MB, big and tiny tensors),
-mounts it with the background ``stfs mount``, then runs ``--threads`` reader threads and
+mounts it with the background ``stfs mount`` of this checkout, then runs ``--threads`` reader threads and
 ``--processes`` reader processes until ``--duration`` seconds have passed. Each reader mixes:
 
 * ``pread`` at random offsets and sizes (including reads past the end),
@@ -31,7 +31,6 @@ import multiprocessing
 import os
 import random
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -40,7 +39,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from safetensors.numpy import save_file
 
-from stfs.daemon import daemon_pid
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.benchlib import Mount  # noqa: E402
 
 CHUNK = 256 * 1024
 PAGE = mmap.PAGESIZE
@@ -242,12 +242,8 @@ def soak(args: argparse.Namespace) -> dict:
     if not os.path.exists(index):
         make_model(model_dir, args.shards, args.shard_mb)
     model_bytes = sum(os.path.getsize(os.path.join(model_dir, n)) for n in os.listdir(model_dir))
-    subprocess.run(["stfs", "mount", index, mountpoint, "--log-file", os.path.join(workdir, "daemon.log")], check=True)
-    pid = None
-    try:
-        pid = daemon_pid(mountpoint)
-        if pid is None:
-            raise SystemExit("cannot find the stfs daemon in /proc")
+    with Mount(index, mountpoint, ["--log-file", os.path.join(workdir, "daemon.log")]) as mount:
+        pid = mount.pid
         report: dict = {"daemon_pid": pid, "model_bytes": model_bytes, "memory_at_mount": memory(pid)}
         targets = targets_of(mountpoint)
         report["tensors"] = len(targets)
@@ -305,13 +301,6 @@ def soak(args: argparse.Namespace) -> dict:
         at_mount = report["memory_at_mount"]["VmRSS"]
         report["rss_growth_from_mount"] = round(report["memory_at_end"]["VmRSS"] / at_mount - 1, 4)
         return report
-    finally:
-        subprocess.run(["stfs", "unmount", mountpoint])
-        if pid is not None:
-            for _ in range(100):
-                if not os.path.exists(f"/proc/{pid}"):
-                    break
-                time.sleep(0.1)
 
 
 def main() -> int:

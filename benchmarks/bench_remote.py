@@ -1,4 +1,4 @@
-"""The ``remote`` section of scripts/bench.py: stfs over HTTP next to curl and rclone mount, on loopback.
+"""The ``remote`` section of benchmarks/bench.py: stfs over HTTP next to curl and rclone mount, on loopback.
 
 A 1 GiB model of eight 128 MiB tensors (``t0`` … ``t7``, random bytes) behind nginx (tests/servers.py's
 ``Nginx``, its own config and access log under ``--data``), and the same behind tests/servers.py's
@@ -29,7 +29,6 @@ Needs nginx (Debian ``nginx-light``), curl, fusermount3, dd, and a current rclon
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import mmap
 import os
@@ -38,9 +37,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -50,19 +48,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts.benchlib import (  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
     MIB,
-    STFS_REPO,
+    Mount,
+    ServerMount,
+    cat_seconds,
     cpu_seconds,
     dd_seconds,
-    environment,
     log,
+    peak_rss_while,
     random_fill,
-    stfs_command,
     write_model,
 )
 from stfs.sources.remote import DEFAULT_BLOCK_SIZE, MAX_WINDOW_BYTES  # noqa: E402
-from tests.helpers import rss_memory  # noqa: E402
 from tests.servers import FaultProxy, Nginx, make_tls  # noqa: E402
 
 TENSORS = 8
@@ -124,80 +122,6 @@ def the_shards(root: Path) -> str:
         weight_map.update({tensor[0]: name for tensor in tensors})
     index.write_text(json.dumps({"metadata": {"total_size": SHARDS * 10 * 4096}, "weight_map": weight_map}))
     return str(index.relative_to(root))
-
-
-# ---------------------------------------------------------------------------------------------- stfs
-
-
-class StfsMount:
-    """A background ``stfs mount URL MNT [ARGS]``: how long it took to return, the daemon's pid."""
-
-    def __init__(self, url: str, mountpoint: str, extra: list[str] | None = None) -> None:
-        self.mountpoint = mountpoint
-        os.makedirs(mountpoint, exist_ok=True)
-        started = time.perf_counter()
-        result = subprocess.run(
-            stfs_command("mount", url, mountpoint, *(extra or [])),
-            capture_output=True,
-            text=True,
-            env=environment(),
-            cwd=STFS_REPO[0],  # python -m puts the working directory first: the checkout --stfs names, not ours
-        )
-        self.seconds = time.perf_counter() - started
-        if result.returncode != 0 or not os.path.ismount(mountpoint):
-            raise RuntimeError(f"stfs mount failed: {result.stderr.strip()}")
-        self.pid = int(os.getxattr(mountpoint, "user.stfs.pid"))
-
-    def environ(self) -> dict[str, str]:
-        with open(f"/proc/{self.pid}/environ", "rb") as stream:
-            pairs = [item.split(b"=", 1) for item in stream.read().split(b"\0") if b"=" in item]
-        return {key.decode(): value.decode() for key, value in pairs}
-
-    def unmount(self) -> None:
-        subprocess.run(["fusermount3", "-u", self.mountpoint], check=True)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with open(f"/proc/{self.pid}/stat") as stream:
-                    if stream.read().rpartition(")")[2].split()[0] == "Z":
-                        break
-            except OSError:
-                break
-            time.sleep(0.02)
-
-
-@contextlib.contextmanager
-def stfs_mounted(url: str, mountpoint: str, extra: list[str] | None = None) -> Iterator[StfsMount]:
-    mount = StfsMount(url, mountpoint, extra)
-    try:
-        yield mount
-    finally:
-        mount.unmount()
-
-
-def peak_memory_while(pid: int, work: Callable[[], float]) -> tuple[float, int]:
-    """``work()``'s result and the highest ``rss_memory(pid)`` meanwhile (sampled every 10 ms)."""
-    peak = [rss_memory(pid)]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            with contextlib.suppress(OSError):
-                peak[0] = max(peak[0], rss_memory(pid))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        return work(), peak[0]
-    finally:
-        done.set()
-        sampler.join()
-
-
-def timed_cat(paths: list[str]) -> float:
-    started = time.perf_counter()
-    subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - started
 
 
 # ---------------------------------------------------------------------------------------------- references
@@ -262,56 +186,14 @@ def fresh_memory_gbs(size: int = 1 << 30) -> float:
         memory.close()
 
 
-class RcloneMount:
-    """``rclone mount :http: MNT --http-url BASE/ --read-only [ARGS]`` in the foreground, as a child process."""
-
-    def __init__(self, base_url: str, mountpoint: str, folder: str, extra: list[str]) -> None:
-        self.mountpoint = mountpoint
-        os.makedirs(mountpoint, exist_ok=True)
-        config = os.path.join(folder, "rclone.conf")
-        Path(config).touch()
-        self.log_path = os.path.join(folder, "rclone.log")
-        command = [
-            "rclone",
-            "mount",
-            ":http:",
-            mountpoint,
-            "--http-url",
-            base_url.rstrip("/") + "/",
-            "--read-only",
-            "--config",
-            config,
-            "--log-file",
-            self.log_path,
-            *extra,
-        ]
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 20
-        while not os.path.ismount(mountpoint):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"rclone mount failed: {Path(self.log_path).read_text()[-500:]}")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if os.path.ismount(self.mountpoint):
-            subprocess.run(["fusermount3", "-u", self.mountpoint], check=False)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def rclone_mounted(base_url: str, mountpoint: str, folder: str, extra: list[str]) -> Iterator[RcloneMount]:
-    mount = RcloneMount(base_url, mountpoint, folder, extra)
-    try:
-        yield mount
-    finally:
-        mount.stop()
+def rclone_mount(base_url: str, mountpoint: str, folder: str, extra: list[str]) -> ServerMount:
+    """``rclone mount :http: MNT --http-url BASE/ --read-only [ARGS]`` in the foreground, its log in ``folder``."""
+    config = os.path.join(folder, "rclone.conf")
+    Path(config).touch()
+    log_path = os.path.join(folder, "rclone.log")
+    command = ["rclone", "mount", ":http:", mountpoint, "--http-url", base_url.rstrip("/") + "/", "--read-only"]
+    command += ["--config", config, "--log-file", log_path, *extra]
+    return ServerMount(command, mountpoint, "rclone mount", timeout=20, log_path=log_path)
 
 
 # ---------------------------------------------------------------------------------------------- the section
@@ -366,12 +248,12 @@ def run_once(
 
     reads: list[tuple[str, Callable[[str], float], int]] = [
         ("stfs", lambda m: dd_seconds(os.path.join(m, "tensors", READ_TENSOR)), size),
-        ("stfs_all", lambda m: timed_cat([os.path.join(m, "tensors", name) for name in sorted(spans)]), total),
+        ("stfs_all", lambda m: cat_seconds(*[os.path.join(m, "tensors", name) for name in sorted(spans)]), total),
         ("stfs_files", lambda m: dd_seconds(os.path.join(m, "files", model)), file_size),
     ]
     for name, read, count in reads:
         nginx.log.clear()
-        with stfs_mounted(url, mnt) as mount:
+        with Mount(url, mnt) as mount:
             cpu_before = cpu_seconds(mount.pid)
             seconds = read(mnt)
             out[f"{name}_cpu_per_gb"] = (cpu_seconds(mount.pid) - cpu_before) / (count / 1e9)
@@ -391,7 +273,7 @@ def run_once(
             shutil.rmtree(cache, ignore_errors=True)
             nginx.log.clear()
             arguments = [*extra, *case.rclone, "--cache-dir", cache]
-            with rclone_mounted(case.base_url, os.path.join(data, "mnt-rclone"), data, arguments):
+            with rclone_mount(case.base_url, os.path.join(data, "mnt-rclone"), data, arguments):
                 seconds = dd_seconds(os.path.join(data, "mnt-rclone", model), skip, count)
             out[f"{mode}_gbs"] = count / seconds / 1e9
             out[f"{mode}_fetched"] = fetched(nginx, model) / count
@@ -405,7 +287,7 @@ def jump_once(base_url: str, nginx: Nginx, data: str, small: str, small_spans: d
     lo, hi = small_spans[name]
     header = min(start for start, _ in small_spans.values())
     nginx.log.clear()
-    with stfs_mounted(f"{base_url}/{small}", os.path.join(data, "mnt")) as mount:
+    with Mount(f"{base_url}/{small}", os.path.join(data, "mnt")) as mount:
         safe_open_seconds(os.path.join(mount.mountpoint, "files", small), name)
     return fetched(nginx, small) / (hi - lo + header)
 
@@ -415,7 +297,7 @@ def small_files_vs_curl(base_url: str, data: str, small: str, size: int) -> floa
     for 4 MiB tensors) costs a sequential reader."""
     url = f"{base_url}/{small}"
     curl = size / curl_seconds(url, 0, size)
-    with stfs_mounted(url, os.path.join(data, "mnt")) as mount:
+    with Mount(url, os.path.join(data, "mnt")) as mount:
         seconds = dd_seconds(os.path.join(mount.mountpoint, "files", small))
     return size / seconds / curl
 
@@ -468,15 +350,15 @@ def bench_remote(args: argparse.Namespace, results: dict[str, Any]) -> None:
             )
 
             requests_before = proxy.stats().requests
-            with stfs_mounted(f"{proxy.url}/{index}", os.path.join(data, "mnt")) as mount:
+            with Mount(f"{proxy.url}/{index}", os.path.join(data, "mnt")) as mount:
                 entry["ready_100_shards_s"] = mount.seconds
                 shards_seen = len(os.listdir(os.path.join(data, "mnt", "files")))
             entry["ready_requests"] = proxy.stats().requests - requests_before
             entry["ready_files"] = shards_seen
 
-            with stfs_mounted(f"{nginx.url}/{model}", os.path.join(data, "mnt"), ["--cache-size", CACHE_SIZE]) as mount:
+            with Mount(f"{nginx.url}/{model}", os.path.join(data, "mnt"), ["--cache-size", CACHE_SIZE]) as mount:
                 paths = [os.path.join(mount.mountpoint, "tensors", name) for name in sorted(spans)]
-                seconds, peak = peak_memory_while(mount.pid, partial(timed_cat, paths))
+                seconds, peak = peak_rss_while(mount.pid, partial(cat_seconds, *paths), shared=True)
             entry["rss_anon_peak_mib"] = peak / MIB
             entry["rss_anon_gbs"] = sum(hi - lo for lo, hi in spans.values()) / seconds / 1e9
             log(

@@ -1,9 +1,9 @@
 """``stfs mount`` of a local model of N tensors (default 300), checkouts alternated: the fixed cost of a mount.
 
-    python3 scripts/bench_mount_start.py --rounds 15 BEFORE_CHECKOUT AFTER_CHECKOUT
+    python3 benchmarks/bench_mount_start.py --rounds 15 BEFORE_CHECKOUT AFTER_CHECKOUT
 
-Each round mounts the same model once with each checkout (``PYTHONPATH`` pointing at it), in turn, timing
-``python3 -m stfs mount MODEL MNT`` from start until it returns (the daemon answers), then unmounts. The order
+Each round mounts the same model once with each checkout (``PYTHONPATH`` pointing at it, run from it), in turn,
+timing ``python3 -m stfs mount MODEL MNT`` from start until it returns (the daemon answers), then unmounts. The order
 within a round alternates, so neither checkout always goes first. Prints the median per checkout and the
 paired ratios (each checkout against the first), and how often each was slower.
 """
@@ -13,27 +13,22 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 from safetensors.numpy import save_file
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.benchlib import STFS_REPO, Mount  # noqa: E402
+
 
 def mount_seconds(checkout: str, model: str, mountpoint: str) -> float:
-    env = dict(os.environ, PYTHONPATH=checkout)
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "stfs", "mount", model, mountpoint], env=env, check=True)
-    elapsed = time.perf_counter() - started
-    pid = os.getxattr(mountpoint, "user.stfs.pid").decode()
-    with open(f"/proc/{pid}/environ", "rb") as stream:  # the daemon ran the checkout asked for
-        assert f"PYTHONPATH={checkout}".encode() in stream.read().split(b"\0"), checkout
-    subprocess.run(["fusermount3", "-u", mountpoint], check=True)
-    while os.path.ismount(mountpoint):
-        time.sleep(0.01)
-    return elapsed
+    STFS_REPO[0] = checkout
+    with Mount(model, mountpoint) as mount:
+        pythonpath = mount.environ()["PYTHONPATH"]
+    assert pythonpath.split(os.pathsep)[0] == checkout, pythonpath  # the daemon ran the checkout asked for
+    return mount.seconds
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark ``--view stats`` and ``--view png`` (SPEC §9) against a dd of the tensor on the same mount.
 
-    python3 scripts/bench_inspect.py [--data DIR] [--runs 5] [--size-mib 256] [--out FILE.json]
+    python3 benchmarks/bench_inspect.py [--data DIR] [--runs 5] [--size-mib 256] [--out FILE.json]
 
 A BF16 tensor of --size-mib (shape 16384 x 8192 at 256 MiB: a 1024 x 1024 heatmap of 16 x 8 values a pixel),
 normal values, in --data (default /tmp/stfs-bench-inspect). Each run, in turn, each on a fresh mount (nothing
@@ -38,34 +38,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from scripts.bench import mounted, peak_rss_while  # noqa: E402
-from scripts.benchlib import MIB, dd_seconds, environment, log  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
+    MIB,
+    Mount,
+    bf16_fill,
+    dd_seconds,
+    environment,
+    log,
+    peak_rss_while,
+    warm,
+    write_model,
+)
 
 TARGETS = {"stats_vs_dd": 3.0, "png_vs_dd": 4.0}
 
 
 def write_tensor(path: str, size_mib: int) -> tuple[int, int]:
-    """A one-tensor BF16 model of ``size_mib`` MiB, written once; its (rows, columns)."""
-    import ml_dtypes
-    import numpy as np
-
-    values = size_mib * MIB // 2
+    """A one-tensor BF16 model of ``size_mib`` MiB (normal values), written once; its (rows, columns)."""
     columns = 8192
-    rows = values // columns
+    rows = size_mib * MIB // 2 // columns
     if not os.path.exists(path):
-        header = json.dumps({"w": {"dtype": "BF16", "shape": [rows, columns], "data_offsets": [0, 2 * values]}})
-        rng = np.random.default_rng(0)
-        with open(path + ".part", "wb") as stream:
-            stream.write(len(header).to_bytes(8, "little") + header.encode())
-            for _ in range(0, rows, 1024):
-                block = rng.standard_normal(1024 * columns, dtype=np.float32).astype(ml_dtypes.bfloat16)
-                stream.write(block.tobytes())
-        os.rename(path + ".part", path)
+        write_model(path, [("w", "BF16", [rows, columns], 2 * rows * columns)], bf16_fill(0))
     return rows, columns
-
-
-def warm(path: str) -> None:
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M"], capture_output=True, check=True)
 
 
 def first_byte_seconds(path: str) -> float:
@@ -79,7 +73,7 @@ def one_run(source: str, mountpoint: str) -> dict[str, float]:
     found: dict[str, float] = {}
     for what, name in (("dd", "tensors/w"), ("stats", "stats/w.json"), ("png", "png/w.png")):
         warm(source)
-        with mounted(source, mountpoint, ["view=stats,view=png"], stats=False) as mount:
+        with Mount(source, mountpoint, options=["view=stats,view=png"]) as mount:
             path = os.path.join(mountpoint, name)
             before = peak_rss_while(mount.pid, lambda: 0.0)[1]
             measure = dd_seconds if what == "dd" else first_byte_seconds

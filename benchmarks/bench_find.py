@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """`find MNT -type f | wc -l` over one tree served four ways, rounds shuffled, and the daemon's RssAnon.
 
-    python3 scripts/bench_find.py --data DIR --tensors 100000 --runs 20 --budget 480 \\
+    python3 benchmarks/bench_find.py --data DIR --tensors 100000 --runs 20 --budget 480 \\
         --stfs main=/work/main --stfs this=.   [--cref none] [--no-squashfuse] [--rss]
 
 Each round mounts, in a shuffled order, every ``--stfs LABEL=CHECKOUT[,VAR=VALUE...]`` (fresh mounts of
-bench.py's many_model of --tensors), scripts/cref.c serving the very tree stfs shows (bench.tree_listing;
+benchlib's many_model of --tensors), benchmarks/cref.c serving the very tree stfs shows (benchlib.tree_listing;
 ``--cref all|none`` adds its variants) and squashfuse_ll over a squashfs image of it, and times one ``find``
 on each. The machine's speed swings by several times within minutes, so next to the medians it prints the
 median of the per-round ratios (each stfs against the C reference and squashfuse_ll of the same round).
@@ -23,7 +23,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from scripts import bench, benchlib  # noqa: E402
+from benchmarks import benchlib  # noqa: E402
 
 
 def main() -> int:
@@ -38,10 +38,10 @@ def main() -> int:
     parser.add_argument("--rss", action="store_true", help="the stfs daemons' RssAnon, no find")
     args = parser.parse_args()
     os.makedirs(args.data, exist_ok=True)
-    source = bench.many_model(args.data, args.tensors)
-    binary = None if args.rss else bench.c_reference(argparse.Namespace(no_c_reference=False, data=args.data))
-    listing = None if args.rss else bench.tree_listing(source)
-    image = None if args.rss or args.no_squashfuse or listing is None else bench.squashfs_image(listing)
+    source = benchlib.many_model(args.data, args.tensors)
+    binary = None if args.rss else benchlib.c_reference(args.data)
+    listing = None if args.rss else benchlib.tree_listing(source)
+    image = None if args.rss or args.no_squashfuse or listing is None else benchlib.squashfs_image(listing)
     jobs = [("stfs", spec) for spec in args.stfs]
     if binary is not None:
         jobs += [("cref", plus) for plus in ["folders", *args.cref]]
@@ -63,33 +63,26 @@ def main() -> int:
                 os.environ.update(dict(setting.split("=", 1) for setting in settings))
                 benchlib.STFS_REPO[0] = os.path.abspath(checkout)
                 try:
-                    bench.warm(source)
-                    with bench.mounted(source, os.path.join(args.data, "mnt"), [], stats=False) as mount:
+                    benchlib.warm(source)
+                    with benchlib.Mount(source, os.path.join(args.data, "mnt")) as mount:
                         if args.rss:
                             value = benchlib.proc_fields(mount.pid, "status")["RssAnon"] / benchlib.MIB
                         else:
-                            value = bench.find_seconds(mount.mountpoint)
+                            value = benchlib.find_seconds(mount.mountpoint)
                 finally:
                     os.environ.clear()
                     os.environ.update(saved)
             elif kind == "cref":
                 assert binary is not None
                 label = f"cref-{spec}"
-                server = bench.CReference(
-                    binary, f"list:{listing}", 0, 0, os.path.join(args.data, "mnt-cref"), plus=spec
-                )
-                try:
-                    value = bench.find_seconds(server.mountpoint)
-                finally:
-                    server.unmount()
+                mountpoint = os.path.join(args.data, "mnt-cref")
+                with benchlib.CReference(binary, f"list:{listing}", 0, 0, mountpoint, plus=spec) as server:
+                    value = benchlib.find_seconds(server.mountpoint)
             else:
                 assert image is not None
                 label = kind
-                squash = bench.SquashFuse(image, os.path.join(args.data, "mnt-squashfuse"))
-                try:
-                    value = bench.find_seconds(squash.mountpoint)
-                finally:
-                    squash.unmount()
+                with benchlib.SquashFuse(image, os.path.join(args.data, "mnt-squashfuse")) as squash:
+                    value = benchlib.find_seconds(squash.mountpoint)
             seconds.setdefault(label, []).append(value)
         print(run, {label: round(values[-1], 2) for label, values in seconds.items()}, flush=True)
     rounds = min(len(values) for values in seconds.values())

@@ -2,7 +2,7 @@
 """Listing the tensors of a 1 GiB ``pytorch_model.bin``: stfs's reader against ``torch.load(mmap=True,
 weights_only=True)``, side by side in one run (SPEC §12's target for ``stfs info``: at most 0.2 x torch).
 
-    flock /work/notes/bench.lock python3 scripts/bench_pytorch_info.py [--data DIR] [--rounds 7] [--size-mib 1024]
+    flock /work/notes/bench.lock python3 benchmarks/bench_pytorch_info.py [--data DIR] [--rounds 7] [--size-mib 1024]
 
 Writes (once, kept in --data) a ``torch.save`` of a state_dict of ~200 F32 tensors (a 24-layer model's
 shapes) of --size-mib MiB, and a 64 MiB one. Then, alternating, each round:
@@ -31,16 +31,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from benchmarks.benchlib import MIB, TORCH_LIST, CountedReads, bytecode_environment, warm, write_checkpoint  # noqa: E402
 from stfs.formats import pytorch  # noqa: E402
-
-MIB = 1 << 20
-
-TORCH_LIST = """
-import sys, torch
-state = torch.load(sys.argv[1], mmap=True, weights_only=True)
-for name, tensor in state.items():
-    print(name, tensor.dtype, list(tensor.shape))
-"""
 
 STFS_LIST = """
 import os, sys
@@ -52,52 +44,8 @@ for tensor in checkpoint.tensors:
 """
 
 
-def shapes(size_mib: int) -> dict[str, tuple[int, ...]]:
-    """A 24-layer decoder's state_dict (8 tensors a layer, embeddings, a norm, the head): 195 F32 tensors, the
-    hidden size a multiple of 64 and the vocabulary chosen so that they add up to ``size_mib`` MiB within 1%."""
-    layers, target = 24, size_mib * MIB // 4
-
-    def per_layer(hidden: int) -> int:
-        return 4 * hidden * hidden + 3 * hidden * 4 * hidden + hidden
-
-    hidden = 64
-    while layers * per_layer(hidden + 64) + 2 * 1024 * (hidden + 64) < target:
-        hidden += 64
-    vocab = (target - layers * per_layer(hidden) - hidden) // (2 * hidden)
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
-    for layer in range(layers):
-        prefix = f"model.layers.{layer}"
-        for proj in ("q", "k", "v", "o"):
-            out[f"{prefix}.self_attn.{proj}_proj.weight"] = (hidden, hidden)
-        out[f"{prefix}.mlp.gate_proj.weight"] = (4 * hidden, hidden)
-        out[f"{prefix}.mlp.up_proj.weight"] = (4 * hidden, hidden)
-        out[f"{prefix}.mlp.down_proj.weight"] = (hidden, 4 * hidden)
-        out[f"{prefix}.input_layernorm.weight"] = (hidden,)
-    out["model.norm.weight"] = (hidden,)
-    out["lm_head.weight"] = (vocab, hidden)
-    return out
-
-
-def write_checkpoint(path: str, size_mib: int, legacy: bool = False) -> None:
-    """``torch.save`` of ``shapes(size_mib)``'s zeros at ``path`` unless it exists (``legacy``: the layout before
-    PyTorch 1.6, ``_use_new_zipfile_serialization=False``)."""
-    import torch
-
-    if os.path.exists(path):
-        return
-    state = {name: torch.zeros(shape) for name, shape in shapes(size_mib).items()}
-    partial = os.path.join(os.path.dirname(path), ".partial")
-    os.makedirs(partial, exist_ok=True)
-    # Saved as its own name in a folder of its own: the archive's top folder is the file's stem.
-    torch.save(state, os.path.join(partial, os.path.basename(path)), _use_new_zipfile_serialization=not legacy)
-    os.replace(os.path.join(partial, os.path.basename(path)), path)
-
-
 def end_to_end(script: str, path: str, pycache: str) -> tuple[float, int]:
-    # Bytecode cached as an installed package has it (torch's is, in site-packages); where the environment says
-    # PYTHONDONTWRITEBYTECODE, every fresh process would compile stfs's modules again.
-    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONPYCACHEPREFIX": pycache}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = bytecode_environment(pycache)
     started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", script, path], capture_output=True, text=True, check=True, cwd=REPO, env=env
@@ -118,15 +66,9 @@ def in_process_torch(path: str) -> float:
 
 def in_process_stfs(path: str) -> tuple[float, int, int]:
     """Seconds, requests, bytes."""
-    counts = [0, 0]
     fd = os.open(path, os.O_RDONLY)
     try:
-
-        def read(offset: int, size: int) -> bytes:
-            counts[0] += 1
-            counts[1] += size
-            return os.pread(fd, size, offset)
-
+        read = CountedReads(fd)
         started = time.perf_counter()
         checkpoint = pytorch.read_checkpoint(read, os.fstat(fd).st_size, path=path)
         listing = [(t.name, t.dtype, list(t.shape)) for t in checkpoint.tensors]
@@ -134,7 +76,7 @@ def in_process_stfs(path: str) -> tuple[float, int, int]:
     finally:
         os.close(fd)
     assert listing
-    return elapsed, counts[0], counts[1]
+    return elapsed, read.requests, read.bytes
 
 
 def main() -> None:
@@ -148,9 +90,7 @@ def main() -> None:
     small = os.path.join(args.data, "pytorch_model-64m.bin")
     write_checkpoint(big, args.size_mib)
     write_checkpoint(small, 64)
-    with open(big, "rb") as stream:  # the page cache warm for both readers
-        while stream.read(64 * MIB):
-            pass
+    warm(big)  # the page cache warm for both readers
     results: dict[str, list[float]] = {"torch e2e": [], "stfs e2e": [], "torch in": [], "stfs in": []}
     lines = {}
     pycache = os.path.join(args.data, "pycache")

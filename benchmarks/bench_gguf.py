@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """GGUF sources, side by side in one run (warm page cache):
 
-    flock /work/notes/bench.lock python3 scripts/bench_gguf.py [--data DIR] [--rounds 3]
+    flock /work/notes/bench.lock python3 benchmarks/bench_gguf.py [--data DIR] [--rounds 3]
 
-* ready: ``stfs mount`` of a GGUF holding a 151,936-token vocabulary (bench_gguf_header's Qwen-shaped file)
+* ready: ``stfs mount`` of a GGUF holding a 151,936-token vocabulary (benchlib's Qwen-shaped file, as in
+  bench_gguf_header.py)
   until it returns, against gguf-py's ``GGUFReader(path)`` of the same file (target: at most 0.1x);
 * f32: ``cat`` of the ``f32/`` file of a 4096 x 4096 Q4_K tensor (random blocks) on a fresh mount, against
   ``gguf.quants.dequantize`` of the same bytes in one process (target: at most 1.25x);
@@ -33,8 +34,15 @@ sys.path.insert(0, REPO)
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 
-from scripts.bench_gguf_header import write_model as write_vocabulary_model  # noqa: E402
-from scripts.benchlib import dd_seconds, environment, stfs_command  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
+    Mount,
+    cat_seconds,
+    dd_seconds,
+    environment,
+    stfs_command,
+    warm,
+    write_vocabulary_gguf,
+)
 from stfs.formats import gguf  # noqa: E402
 from tests.servers import Nginx  # noqa: E402
 
@@ -56,25 +64,6 @@ def write_q4k(path: str) -> tuple[int, int]:
     return int(tensor.data_offset), int(tensor.n_bytes)
 
 
-class Mount:
-    def __init__(self, source: str, mountpoint: str, *options: str) -> None:
-        self.mountpoint = mountpoint
-        os.makedirs(mountpoint, exist_ok=True)
-        began = time.perf_counter()
-        subprocess.run(stfs_command("mount", source, mountpoint, *options), check=True, env=environment())
-        self.seconds = time.perf_counter() - began
-        self.pid = int(os.getxattr(mountpoint, "user.stfs.pid"))
-
-    def close(self) -> None:
-        """Unmount and wait for the daemon to end."""
-        subprocess.run(["fusermount3", "-u", self.mountpoint], check=True)
-        while os.path.exists(f"/proc/{self.pid}"):
-            with open(f"/proc/{self.pid}/stat") as stream:
-                if stream.read().rpartition(")")[2].split()[0] == "Z":
-                    break
-            time.sleep(0.02)
-
-
 def timed(work: object) -> float:
     began = time.perf_counter()
     work()  # type: ignore[operator]
@@ -90,30 +79,23 @@ def main() -> int:
     data.mkdir(parents=True, exist_ok=True)
     vocabulary, q4k = str(data / "qwen-vocab.gguf"), str(data / "q4k.gguf")
     if not os.path.exists(vocabulary):
-        write_vocabulary_model(vocabulary, 151_936)
+        write_vocabulary_gguf(vocabulary, 151_936)
     offset, size = write_q4k(q4k) if not os.path.exists(q4k) else (0, 0)
     if not size:
         [tensor] = GGUFReader(q4k).tensors
         offset, size = int(tensor.data_offset), int(tensor.n_bytes)
-    for path in (vocabulary, q4k):  # warm
-        subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
+    warm(vocabulary, q4k)
     mnt = str(data / "mnt")
     rows: dict[str, list[float]] = {name: [] for name in ("ready", "reader", "f32", "dequantize", "dd", "plain")}
     native = []
     print(f"load {os.getloadavg()} at {time.strftime('%H:%M:%S')}", flush=True)
     for _ in range(args.rounds):
-        mount = Mount(vocabulary, mnt)
-        rows["ready"].append(mount.seconds)
-        mount.close()
+        with Mount(vocabulary, mnt) as mount:
+            rows["ready"].append(mount.seconds)
         rows["reader"].append(timed(lambda: GGUFReader(vocabulary)))
 
-        mount = Mount(q4k, mnt, "--view", "f32", "--log-file", str(data / "daemon.log"))
-        rows["f32"].append(
-            timed(
-                lambda: subprocess.run(["cat", f"{mnt}/f32/blk/0/ffn_up/weight"], check=True, stdout=subprocess.DEVNULL)
-            )
-        )
-        mount.close()
+        with Mount(q4k, mnt, ["--view", "f32", "--log-file", str(data / "daemon.log")]):
+            rows["f32"].append(cat_seconds(f"{mnt}/f32/blk/0/ffn_up/weight"))
 
         def dequantize() -> None:
             with open(q4k, "rb") as stream:
@@ -125,9 +107,8 @@ def main() -> int:
         rows["dequantize"].append(timed(dequantize))
 
         (data / "daemon.log").unlink(missing_ok=True)
-        mount = Mount(q4k, mnt, "--log-file", str(data / "daemon.log"))
-        rows["dd"].append(dd_seconds(f"{mnt}/tensors/blk/0/ffn_up/weight"))
-        mount.close()
+        with Mount(q4k, mnt, ["--log-file", str(data / "daemon.log")]):
+            rows["dd"].append(dd_seconds(f"{mnt}/tensors/blk/0/ffn_up/weight"))
         native.append("answered in C" in (data / "daemon.log").read_text())
         rows["plain"].append(dd_seconds(q4k, skip=offset, count=size))
         print({k: round(v[-1], 4) for k, v in rows.items()}, flush=True)

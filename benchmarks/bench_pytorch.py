@@ -2,7 +2,7 @@
 """PyTorch checkpoints (SPEC §12), side by side in one run, warm page cache, medians of --rounds rounds that
 alternate each command and its reference (which goes first turns round every round):
 
-    flock /work/notes/bench.lock python3 scripts/bench_pytorch.py [--data DIR] [--rounds 5] [--size-mib 1024]
+    flock /work/notes/bench.lock python3 benchmarks/bench_pytorch.py [--data DIR] [--rounds 5] [--size-mib 1024]
 
 1. info: ``python3 -m stfs info pytorch_model.bin`` of a 1 GiB checkpoint (bench_pytorch_info's 195 F32 tensors),
    a fresh process, against a fresh ``python3 -c`` running ``torch.load(path, mmap=True, weights_only=True)`` and
@@ -20,7 +20,7 @@ alternate each command and its reference (which goes first turns round every rou
    layout and the older one (``_use_new_zipfile_serialization=False``): requests and body bytes in nginx's access
    log (target: at most 1 MiB); then the same through the tests' fault proxy adding 20 ms to every request (a
    link to a distant server): wall seconds, where the requests that do not depend on each other go out together.
-4. hostile pickles: ``python3 -m stfs check FILE`` of each of fuzz_pickle.py's hostile checkpoints (billion
+4. hostile pickles: ``python3 -m stfs check FILE`` of each of the hostile checkpoints of tests/checkpoints.py (billion
    laughs, 100,000-deep nesting, strings longer than the file, ...) under ``/usr/bin/time``: wall seconds, peak
    RSS, exit status and the error line (target: refused, exit 1, one line, within 20 s and 400 MiB).
 
@@ -30,7 +30,6 @@ Data is written once into --data and kept between runs (shared with bench_pytorc
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -39,7 +38,6 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +45,19 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from scripts.bench_pytorch_info import TORCH_LIST, write_checkpoint  # noqa: E402
-from scripts.benchlib import MIB, cpu_seconds, environment, log, stfs_command  # noqa: E402
-from scripts.fuzz_pickle import HOSTILE, hostile_checkpoint  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
+    MIB,
+    TORCH_LIST,
+    Mount,
+    bytecode_environment,
+    cat_seconds,
+    cpu_seconds,
+    log,
+    stfs_command,
+    warm,
+    write_checkpoint,
+)
+from tests.checkpoints import HOSTILE, hostile_checkpoint  # noqa: E402
 from tests.servers import FaultProxy, Nginx, find_tool  # noqa: E402
 
 MOUNT_PREFIX = "/tmp/bench-pytorch-mnt"
@@ -65,7 +73,7 @@ class Files:
     checkpoint_folder: Path  # holds only pytorch_model.bin, a hard link of ``checkpoint``
     safetensors_folder: Path  # holds only model.safetensors, the same tensors written by safetensors
     remote: dict[str, Path]  # layout -> a 64 MiB checkpoint
-    hostile: dict[str, Path]  # fuzz_pickle.HOSTILE's name -> its checkpoint
+    hostile: dict[str, Path]  # tests.checkpoints.HOSTILE's name -> its checkpoint
 
 
 def slug(name: str) -> str:
@@ -105,9 +113,7 @@ def prepare(data: Path, size_mib: int) -> Files:
 def child_environment(data: Path) -> dict[str, str]:
     """The worktree's stfs first on PYTHONPATH, bytecode cached (in --data) as an installed package has it, and no
     proxy between stfs and 127.0.0.1."""
-    env = environment()
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(data / "pycache")
+    env = bytecode_environment(str(data / "pycache"))
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy"):
         env.pop(name, None)
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
@@ -151,42 +157,18 @@ def measure_info(files: Files, rounds: int, env: dict[str, str]) -> None:
     print(f"   ratio stfs / torch             {ours / theirs:7.3f}x   target <= 0.2x", flush=True)
 
 
-def cat_seconds(path: Path) -> float:
-    """Wall seconds of ``cat PATH > /dev/null``."""
-    started = time.perf_counter()
-    subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - started
-
-
 def milliseconds(values: list[float]) -> str:
     return " ".join(f"{value * 1000:.0f}" for value in values)
 
 
-@contextlib.contextmanager
-def mounted(source: Path, name: str, env: dict[str, str], *options: str) -> Iterator[tuple[Path, int, Path]]:
-    """``stfs mount SOURCE /tmp/bench-pytorch-mnt-NAME OPTIONS``: (mountpoint, daemon pid, daemon log); unmounted
-    and the daemon waited for on the way out."""
-    mountpoint, daemon_log = Path(f"{MOUNT_PREFIX}-{name}"), source.parent / f"daemon-{name}.log"
-    mountpoint.mkdir(exist_ok=True)
-    daemon_log.unlink(missing_ok=True)
-    command = stfs_command("mount", str(source), str(mountpoint), "--log-file", str(daemon_log), *options)
-    subprocess.run(command, check=True, env=env, cwd=REPO)
-    pid = 0
-    try:
-        pid = int(os.getxattr(mountpoint, "user.stfs.pid"))
-        yield mountpoint, pid, daemon_log
-    finally:
-        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
-        deadline = time.monotonic() + 10
-        while pid and not ended(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
+def daemon_log(source: Path, name: str) -> Path:
+    return source.parent / f"daemon-{name}.log"
 
 
-def ended(pid: int) -> bool:
-    """Whether process ``pid`` is gone or a zombie."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stream:
-        return stream.read().rpartition(")")[2].split()[0] == "Z"
-    return True
+def mount(source: Path, name: str, env: dict[str, str], *options: str) -> Mount:
+    """``stfs mount SOURCE /tmp/bench-pytorch-mnt-NAME OPTIONS``, its log ``daemon_log(source, name)``."""
+    daemon_log(source, name).unlink(missing_ok=True)
+    return Mount(source, f"{MOUNT_PREFIX}-{name}", ["--log-file", str(daemon_log(source, name)), *options], env=env)
 
 
 def served_from(daemon_log: Path) -> str:
@@ -228,17 +210,16 @@ def measure_view(files: Files, rounds: int, env: dict[str, str]) -> None:
     daemon_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in seconds}
     size, identical, same, served = 0, False, False, {}  # found in the first round
     for round_number in range(rounds):
-        for source in sources.values():  # a mount drops the source's pages it has served (no --keep-source-cache)
-            cat_seconds(source)
+        warm(*sources.values())  # a mount drops the source's pages it has served (no --keep-source-cache)
         with (
-            mounted(files.checkpoint_folder, "view", env, "--view", "safetensors") as (view_mnt, view_pid, view_log),
-            mounted(files.safetensors_folder, "safetensors", env) as (real_mnt, real_pid, real_log),
+            mount(files.checkpoint_folder, "view", env, "--view", "safetensors") as view,
+            mount(files.safetensors_folder, "safetensors", env) as real,
         ):
             paths = {
-                "view": view_mnt / "safetensors" / "model.safetensors",
-                "real": real_mnt / "files" / "model.safetensors",
+                "view": Path(view.mountpoint) / "safetensors" / "model.safetensors",
+                "real": Path(real.mountpoint) / "files" / "model.safetensors",
             }
-            pids = {"view": view_pid, "real": real_pid}
+            pids = {"view": view.pid, "real": real.pid}
             for cache in CACHES:
                 for label in paths if round_number % 2 == 0 else reversed(paths):
                     cpu_before = cpu_seconds(pids[label])
@@ -248,7 +229,10 @@ def measure_view(files: Files, rounds: int, env: dict[str, str]) -> None:
                 size = paths["view"].stat().st_size
                 identical = subprocess.run(["cmp", "-s", *map(str, paths.values())]).returncode == 0
                 same = identical or same_tensors(paths["view"], paths["real"])
-                served = {"view": served_from(view_log), "real": served_from(real_log)}
+                served = {
+                    "view": served_from(daemon_log(files.checkpoint_folder, "view")),
+                    "real": served_from(daemon_log(files.safetensors_folder, "safetensors")),
+                }
     rate = {key: size / statistics.median(values) / 1e6 for key, values in seconds.items()}
     cpu = {key: statistics.median(values) for key, values in daemon_cpu.items()}
     print(
@@ -264,8 +248,11 @@ def measure_view(files: Files, rounds: int, env: dict[str, str]) -> None:
         print(f"   {name:36}{figures}   {served[label]}")
         for cache in CACHES:
             print(f"      {cache} runs: {milliseconds(seconds[label, cache])} ms")
-    fresh, warm = (rate["view", cache] / rate["real", cache] for cache in CACHES)
-    print(f"   ratio view / real rate: fresh {fresh:.3f}x, warm {warm:.3f}x   target (warm) >= 0.9x", flush=True)
+    fresh_ratio, warm_ratio = (rate["view", cache] / rate["real", cache] for cache in CACHES)
+    print(
+        f"   ratio view / real rate: fresh {fresh_ratio:.3f}x, warm {warm_ratio:.3f}x   target (warm) >= 0.9x",
+        flush=True,
+    )
 
 
 LATENCY = 0.02  # seconds the fault proxy adds to each request
@@ -340,8 +327,7 @@ def main() -> int:
     data.mkdir(parents=True, exist_ok=True)
     files = prepare(data, args.size_mib)
     env = child_environment(data)
-    for path in (files.checkpoint, files.safetensors_folder / "model.safetensors"):  # the page cache warm
-        cat_seconds(path)
+    warm(files.checkpoint, files.safetensors_folder / "model.safetensors")
     print(f"stfs from {REPO}; load average {os.getloadavg()} at {time.strftime('%H:%M:%S')}", flush=True)
     measure_info(files, args.rounds, env)
     measure_view(files, args.rounds, env)

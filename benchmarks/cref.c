@@ -1,5 +1,5 @@
 /*
- * A minimal C libfuse3 server for scripts/bench.py to compare stfs against on the same machine:
+ * A minimal C libfuse3 server for benchmarks/bench.py to compare stfs against on the same machine:
  * it serves one read-only file, /big, holding SIZE bytes of SOURCE at OFFSET, with the
  * high-level API's plain read callback (pread into libfuse's buffer, as a typical C server does).
  *
@@ -7,7 +7,7 @@
  *
  * With SIZE 0 and SOURCE "list:FILE" it serves the tree FILE lists instead (to time `find` over the very
  * tree an stfs mount shows): one line per entry, "d\t0\tPATH" or "f\tSIZE\tPATH", folders before what they
- * hold and each folder's entries together (scripts/bench.py writes it from stfs's own tree). It answers as a
+ * hold and each folder's entries together (benchmarks/bench.py writes it from stfs's own tree). It answers as a
  * minimal C server of that tree would, the way stfs's C side does: getattr by a hash lookup of each path
  * component, readdir with offsets, folders as READDIRPLUS entries with their attributes (CREF_PLUS=all: files
  * too; CREF_PLUS=none: no entry, so each folder costs a LOOKUP).

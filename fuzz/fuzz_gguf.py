@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Mutation fuzzing of the GGUF reader (stfs/formats/gguf.py) on files gguf-py's GGUFWriter writes.
 
-    python3 scripts/fuzz_gguf.py --seconds 600 --out /work/wt-gguf-scratch/fuzz
-    python3 scripts/fuzz_gguf.py --replay /work/wt-gguf-scratch/fuzz/findings/crash-*.gguf
+    python3 fuzz/fuzz_gguf.py --seconds 600 --out /work/wt-gguf-scratch/fuzz
+    python3 fuzz/fuzz_gguf.py --replay /work/wt-gguf-scratch/fuzz/findings/crash-*.gguf
 
 Seeds: a model with every key/value type and several GGML types, a vocabulary, a custom alignment with trailing
 bytes, a split, a file without tensors. Mutations, one to three a case, mostly in the header: bit flips, bytes

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two stfs checkouts over the same nginx, alternated round by round: each figure ÷ curl of the same bytes.
 
-    python3 scripts/bench_remote_ab.py --data DIR --checkout main=/work/main --checkout this=. \\
+    python3 benchmarks/bench_remote_ab.py --data DIR --checkout main=/work/main --checkout this=. \\
         [--rounds 4] [-o max_read=131072] [--https]
 
 bench_remote's 1 GiB model (eight 128 MiB tensors) behind bench_remote's nginx; per round and checkout, each on
@@ -30,8 +30,15 @@ from pathlib import Path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from scripts import bench_remote  # noqa: E402
-from scripts.benchlib import STFS_REPO, cpu_seconds, dd_seconds  # noqa: E402
+from benchmarks import bench_remote  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
+    STFS_REPO,
+    Mount,
+    cat_seconds,
+    cpu_seconds,
+    dd_seconds,
+    drop_from_page_cache,
+)
 from tests.servers import FaultProxy, Nginx, make_tls  # noqa: E402
 
 
@@ -54,7 +61,7 @@ def one_round(
         shutil.rmtree(folder, ignore_errors=True)
         extra = options if cache_dir == "none" else [*options, "-o", f"cache_dir={folder}"]
         for measured in (False, True) if cache_dir == "kept" else (True,):
-            with bench_remote.stfs_mounted(url, mnt, extra) as mount:
+            with Mount(url, mnt, extra) as mount:
                 before = cpu_seconds(mount.pid)
                 seconds, size = read(mount.mountpoint, what, spans)
                 cpu.append((cpu_seconds(mount.pid) - before) / (size / 1e9))
@@ -69,9 +76,7 @@ def read(mountpoint: str, what: str, spans: dict[str, tuple[int, int]]) -> tuple
     if what == "cat":
         in_file_order = sorted(spans, key=spans.get)
         paths = [os.path.join(mountpoint, "tensors", name) for name in in_file_order]
-        began = time.monotonic()
-        subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
-        return time.monotonic() - began, sum(hi - lo for lo, hi in spans.values())
+        return cat_seconds(*paths), sum(hi - lo for lo, hi in spans.values())
     path = os.path.join(mountpoint, what)
     return dd_seconds(path), os.path.getsize(path)
 
@@ -79,12 +84,10 @@ def read(mountpoint: str, what: str, spans: dict[str, tuple[int, int]]) -> tuple
 def hot(url: str, mnt: str, options: list[str]) -> list[float]:
     """GB/s of four reads of t2 on one mount, its page cache dropped before each."""
     speeds = []
-    with bench_remote.stfs_mounted(url, mnt, options) as mount:
+    with Mount(url, mnt, options) as mount:
         path = os.path.join(mount.mountpoint, "tensors", "t2")
         for _ in range(4):
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+            drop_from_page_cache(path)
             speeds.append(os.path.getsize(path) / dd_seconds(path) / 1e9)
     return speeds
 

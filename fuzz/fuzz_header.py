@@ -5,8 +5,8 @@ Any exception that is not an ``StfsError`` is a crash. Crashes do not stop the r
 (exception type + innermost stfs frame) is written to ``--crash-dir`` with its
 traceback, so one long run finds them all. Replay saved inputs with ``--replay``.
 
-    python3 scripts/fuzz_header.py -max_total_time=600 /work/rel-data/fuzz-corpus
-    python3 scripts/fuzz_header.py --replay /work/rel-data/fuzz-crashes/crash-*.bin
+    python3 fuzz/fuzz_header.py -max_total_time=600 /work/rel-data/fuzz-corpus
+    python3 fuzz/fuzz_header.py --replay /work/rel-data/fuzz-crashes/crash-*.bin
 
 Each input's first byte picks a mode:
 
@@ -39,6 +39,8 @@ import traceback
 import types
 
 import atheris
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's stfs
 
 if {"--replay", "--line-coverage"} & set(sys.argv):  # plain bytecode, so line tracing sees the source as written
     from stfs import errors, model, tree, views

