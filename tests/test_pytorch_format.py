@@ -1,4 +1,4 @@
-"""The PyTorch checkpoint reader (stfs/formats/pytorch.py, SPEC §12): checkpoints the real torch writes read
+"""The PyTorch checkpoint reader (stfs/formats/pytorch/, SPEC §12): checkpoints the real torch writes read
 as torch reads them, without running them; hand-made zips and pickles for every refusal; hostile pickles
 within bounds; the equivalent safetensors file loaded by the real safetensors; a bounded fuzz run."""
 
