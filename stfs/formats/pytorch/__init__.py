@@ -55,7 +55,7 @@ from ..base import Header, RangeFetcher, TensorEntry
 from .allowed import IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
-from .gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather, gather_into
+from .gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
 from .legacy import LEGACY_FIRST_READ, LEGACY_MAGIC, LEGACY_MAGIC_LONG, LEGACY_PROTOCOL, read_legacy
 from .naming import MAX_NAME, MAX_NAME_CHARS, MAX_WALK_STEPS
 from .reads import COALESCE_GAP, Read, ReadMany, read_exact
@@ -100,7 +100,6 @@ __all__ = [
     "Tensor",
     "detect",
     "fetch_header",
-    "gather",
     "gather_into",
     "header_json",
     "read_checkpoint",

@@ -19,7 +19,7 @@ class Tensor:
     """One tensor of a checkpoint: where its storage lies in the file, and how its elements lie in the storage.
 
     ``strides`` and ``storage_offset`` count elements, as torch does. A ``contiguous`` tensor is the one byte
-    range ``(offset, nbytes)`` of the file; any other is gathered in C order from ``span`` (see ``gather``).
+    range ``(offset, nbytes)`` of the file; any other is gathered in C order from ``span`` (see ``gather_into``).
     """
 
     name: str

@@ -2,65 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
 from .checkpoint import Tensor
 from .reads import Read, read_exact
-
-
-def gather(tensor: Tensor, read: Read, begin: int = 0, end: int | None = None) -> bytes:
-    """Bytes ``begin`` to ``end`` of the tensor's elements in C order, read through ``read``.
-
-    A contiguous tensor is one read; a strided one reads the span of its storage that the elements asked for
-    lie in (the smallest block of its leading indices that holds them) and orders them with numpy.
-    """
-    import numpy as np
-
-    total = tensor.nbytes
-    end = total if end is None else min(end, total)
-    if begin >= end:
-        return b""
-    if tensor.contiguous:
-        return read_exact(read, tensor.offset + begin, end - begin, "<gather>")
-    size = tensor.itemsize
-    first, last = begin // size, (end - 1) // size  # elements, C order
-    # The smallest block (fixed leading indices, all of the rest) holding elements first..last.
-    level = 0
-    block = tensor.numel
-    for dim in tensor.shape:
-        inner = block // dim
-        if first // inner != last // inner:
-            break
-        level += 1
-        block = inner
-    block_start = (first // block) * block
-    index, base = block_start, tensor.storage_offset
-    for stride, inner in zip(tensor.strides[:level], _inner_sizes(tensor.shape)[:level], strict=True):
-        base += (index // inner) * stride
-        index %= inner
-    shape, strides = tensor.shape[level:], tensor.strides[level:]
-    span = sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + 1
-    raw = read_exact(read, tensor.storage_start + base * size, span * size, "<gather>")
-    elements = np.lib.stride_tricks.as_strided(
-        np.frombuffer(raw, dtype=np.dtype(f"V{size}")),
-        shape=shape,
-        strides=[s * size for s in strides],
-        writeable=False,
-    )
-    flat = np.ascontiguousarray(elements).reshape(-1)[first - block_start : last - block_start + 1].tobytes()
-    return flat[begin - first * size : end - first * size]
-
-
-def _inner_sizes(shape: Sequence[int]) -> list[int]:
-    """For each dimension, the number of elements one step along it spans in C order."""
-    out = []
-    block = math.prod(shape)
-    for dim in shape:
-        block //= dim
-        out.append(block)
-    return out
-
 
 GATHER_WINDOW = 8 << 20  # the most bytes of a storage one read of a strided tensor asks for
 GATHER_GAP = 64 << 10  # elements further apart than this are read apart (a gap costs more than another read)
