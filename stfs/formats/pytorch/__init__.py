@@ -41,7 +41,11 @@ Choices where SPEC §12 is silent:
 * reads: local headers closer than ``COALESCE_GAP`` are read together, with the small storages between them;
   a legacy file's pickles are read in growing windows, the last of which reaches into the first storages;
 * stricter than torch.load: a local header naming another entry than the central directory does, a storage
-  named with two sizes, an entry twice, a storage size other than the pickle says.
+  named with two sizes, an entry twice, a storage size other than the pickle says; a BUILD on a tensor, or a
+  tensor's state setting ``real`` or ``imag`` (torch would change the tensor, or copy values into its storage);
+* looser: calls torch.load refuses for their arguments (an OrderedDict of two arguments, a rebuild function short
+  of its last arguments) are read as far as they go, or kept as opaque calls;
+* left out with a warning: a tensor torch converts to another dtype on loading, a Parameter made without data.
 """
 
 from __future__ import annotations

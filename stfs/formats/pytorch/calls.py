@@ -9,7 +9,7 @@ from typing import Any
 
 from ... import errors
 from .allowed import STORAGE_DTYPES, TORCH_DTYPES
-from .values import Global, Object, StorageRef, TensorRef, Unsupported, describe
+from .values import Global, Object, StorageRef, TensorRef, Unsupported, describe, dict_key
 
 MAX_REBUILD_NESTING = 8  # _rebuild_from_type_v2 wrapping itself
 
@@ -70,22 +70,33 @@ def call(callee: Any, args: Any, path: str, depth: int = 0) -> Any:
         "torch._utils._rebuild_tensor_v3",
     ):
         return _rebuild_tensor(full, args, path)
-    if full in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"):
+    if full == "torch._utils._rebuild_parameter":  # (data, requires_grad, backward_hooks)
         return args[0] if args and isinstance(args[0], (TensorRef, Unsupported)) else Object(callee, args)
-    if full == "torch._utils._rebuild_device_tensor_from_cpu_tensor":
+    if full == "torch._utils._rebuild_parameter_with_state":  # (data, requires_grad, backward_hooks, state)
+        if args and isinstance(args[0], (TensorRef, Unsupported)):
+            return _with_state(args[0], args[3] if len(args) > 3 else None, full, path)
+        return Object(callee, args)
+    if full == "torch.nn.parameter.Parameter":  # Parameter(data=None, requires_grad=True)
+        return _parameter(callee, args)
+    if full == "torch._utils._rebuild_device_tensor_from_cpu_tensor":  # (data, dtype, device, requires_grad)
+        if args and isinstance(args[0], TensorRef) and len(args) > 1:
+            dtype = args[1]
+            if not (isinstance(dtype, Global) and dtype.module == "torch" and dtype.name == args[0].dtype):
+                return Unsupported(f"converted to {describe(dtype)} when loaded: its values are not its stored bytes")
         return args[0] if args and isinstance(args[0], (TensorRef, Unsupported)) else Object(callee, args)
     if full == "torch._tensor._rebuild_from_type_v2":  # (func, new_type, args, state): a tensor subclass
         if len(args) == 4 and isinstance(args[2], tuple) and depth < MAX_REBUILD_NESTING:
             inner = call(args[0], args[2], path, depth + 1)
             if isinstance(inner, (TensorRef, Unsupported)):
-                return inner
+                return _with_state(inner, args[3], full, path)
         return Object(callee, args)
     if full in _UNSUPPORTED_REBUILDS:
         return Unsupported(_UNSUPPORTED_REBUILDS[full])
-    if full == "collections.OrderedDict" and args == ():
-        return {}
-    if full == "torch.Size" and len(args) == 1 and isinstance(args[0], (tuple, list)):
-        return tuple(args[0])
+    if full == "collections.OrderedDict":
+        made = _ordered_dict(args)
+        return made if made is not None else Object(callee, args)
+    if full == "torch.Size" and (args == () or len(args) == 1 and isinstance(args[0], (tuple, list))):
+        return tuple(args[0]) if args else ()
     if full == "_codecs.encode" and len(args) == 2 and type(args[0]) is str and args[1] in ("latin1", "latin-1"):
         try:  # how a protocol-2 pickle made by Python 3 holds bytes
             return args[0].encode("latin-1")
@@ -131,14 +142,74 @@ def _rebuild_tensor(full: str, args: tuple[Any, ...], path: str) -> Any:
 
 
 def new(cls: Any, args: Any) -> Any:
-    """The value of ``cls.__new__(cls, *args)`` (``NEWOBJ``) as stfs understands it; else an opaque record."""
-    if isinstance(cls, Global):
-        parameter = cls.full == "torch.nn.parameter.Parameter" and isinstance(args, tuple) and args
-        if parameter and isinstance(args[0], (TensorRef, Unsupported)):
-            return args[0]
-        if cls.full == "collections.OrderedDict" and args == ():
+    """The value of ``NEWOBJ`` as torch's loader makes it, ``torch.nn.Parameter(*args)`` for a Parameter and
+    ``cls.__new__(cls, *args)`` otherwise, as stfs understands it; else an opaque record."""
+    if isinstance(cls, Global) and isinstance(args, (tuple, list)):
+        if cls.full == "torch.nn.parameter.Parameter":
+            return _parameter(cls, tuple(args))
+        if cls.full == "collections.OrderedDict":  # __new__ takes its arguments and ignores them: empty
             return {}
     return Object(cls, args)
+
+
+def build_tensor(state: Any, path: str) -> None:
+    """Check ``BUILD`` on a tensor: torch's loader calls ``Tensor.set_(*state)`` on a tensor and
+    ``Parameter.__setstate__(state)`` on a Parameter (torch 0.3's forms), which put it on other storage, shape or
+    strides (or other data) unless the state is a Parameter's ``(requires_grad, _, backward_hooks)``. torch.save
+    never writes one; any other is refused, as stfs cannot follow the change to every reference of the tensor."""
+    if not (type(state) is tuple and len(state) == 3 and type(state[0]) is bool):
+        raise errors.InvalidTensorArgs(
+            path,
+            f"BUILD on a tensor with state {describe(state)}: it would change the tensor, which stfs does not follow",
+        )
+
+
+def _parameter(callee: Global, args: tuple[Any, ...]) -> Any:
+    """``torch.nn.Parameter(data=None, requires_grad=True)``: the tensor ``data`` is."""
+    if not args or args[0] is None:
+        return Unsupported("a Parameter made without data (torch makes it an empty tensor of no storage)")
+    return args[0] if isinstance(args[0], (TensorRef, Unsupported)) else Object(callee, args)
+
+
+def _with_state(tensor: Any, state: Any, full: str, path: str) -> Any:
+    """``tensor`` after torch's ``_set_obj_state(tensor, state)``: ``setattr`` of each key of the state (a dict, or a
+    pair of a dict and a dict of slots). ``data`` puts the tensor on that tensor; ``real`` and ``imag`` would copy
+    values into its storage (and every view of it), which stfs does not follow: refused. Any other attribute leaves
+    its values as they are."""
+    parts = state if type(state) is tuple and len(state) == 2 else (state,)
+    for part in parts:
+        if type(part) is not dict:
+            continue
+        for name in ("real", "imag"):
+            if name in part:
+                raise errors.InvalidTensorArgs(
+                    path,
+                    f"{full}: its state sets {name!r}, copying values into its storage, which stfs does not follow",
+                )
+        if isinstance(part.get("data"), (TensorRef, Unsupported)):
+            tensor = part["data"]
+    return tensor
+
+
+def _ordered_dict(args: tuple[Any, ...]) -> dict[Any, Any] | None:
+    """``collections.OrderedDict(*args)`` as CPython makes it: nothing, a dict (its items), or a list or tuple of
+    pairs, each a list or tuple of two (or a string or bytes of two, as it iterates them); a key named twice keeps
+    its first place and its last value. None for anything else (torch's loader refuses those)."""
+    if not args:
+        return {}
+    if len(args) != 1:
+        return None
+    source = args[0]
+    if type(source) is dict:
+        return dict(source)
+    if type(source) not in (list, tuple):
+        return None
+    made: dict[Any, Any] = {}
+    for pair in source:
+        if type(pair) not in (list, tuple, str, bytes) or len(pair) != 2:
+            return None
+        made[dict_key(pair[0])] = pair[1]
+    return made
 
 
 def _int_tuple(value: Any) -> tuple[int, ...] | None:

@@ -10,9 +10,9 @@ from typing import Any
 
 from ... import errors
 from .allowed import IMPORT_MAPPING, NAME_MAPPING
-from .calls import call, new, persistent
+from .calls import build_tensor, call, new, persistent
 from .reads import Read, read_exact
-from .values import SCALARS, Global, Key, Large, Object, Set, StorageRef, describe
+from .values import Global, Large, Object, Set, StorageRef, TensorRef, describe, dict_key
 
 # Bounds of the pickle reader (SPEC §12): past one, the file is invalid input.
 MAX_OPCODES = (
@@ -196,6 +196,15 @@ class Interpreter:
                     pos += 1
                 elif op == 0x52:  # REDUCE
                     args = stack.pop()
+                    if type(args) is list:  # torch's loader calls func(*args): a list serves as well
+                        opcodes += len(args)
+                        args = tuple(args)
+                    if type(args) is tuple and args and type(args[0]) in _COPIED:
+                        # A call may copy its first argument (OrderedDict(pairs), torch.Size(list), encode(str)):
+                        # its elements count as opcodes, so that one large value called on again and again is
+                        # bounded work and memory like everything else.
+                        first = args[0]
+                        opcodes += len(first) >> 6 if type(first) is str else len(first)
                     stack[-1] = call(stack[-1], args, path)
                 elif op == 0x86:  # TUPLE2
                     second = stack.pop()
@@ -276,8 +285,10 @@ class Interpreter:
                     target = stack[-1]
                     if isinstance(target, Object):
                         target.state = state
-                    # BUILD on anything else (an OrderedDict's _metadata, a tensor's hooks) sets attributes
-                    # that are not part of its contents: kept out, as data never acted on.
+                    elif type(target) is TensorRef:
+                        build_tensor(state, path)
+                    # BUILD on anything else (an OrderedDict's _metadata) sets attributes that are not part of
+                    # its contents: kept out, as data never acted on.
                 elif op == 0x81:  # NEWOBJ
                     args = stack.pop()
                     cls = stack.pop()
@@ -453,7 +464,7 @@ class Interpreter:
             raise self._fail(f"SETITEM(S) on {describe(target)}")
         for i in range(0, len(items), 2):
             key = items[i]
-            mapping[key if type(key) in SCALARS else Key(key)] = items[i + 1]
+            mapping[dict_key(key)] = items[i + 1]
 
     def _extend(self, target: Any, items: list[Any]) -> None:
         if type(target) is list:
@@ -479,3 +490,4 @@ _SIZED: Mapping[int, tuple[int, str]] = {
     0x96: (8, "bytes"),  # BYTEARRAY8
 }
 _TEXT_OPCODES = frozenset(b"ILFSVgpP")
+_COPIED = (list, tuple, dict, str)

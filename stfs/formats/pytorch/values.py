@@ -85,6 +85,11 @@ SCALARS = (str, int, float, bool, type(None), bytes, complex, Global, Large)
 LEAVES = (TensorRef, Unsupported, StorageRef)
 
 
+def dict_key(key: Any) -> Any:
+    """``key`` as a key of a dict the pickle builds: a scalar as it is, anything else wrapped in a ``Key``."""
+    return key if type(key) in SCALARS else Key(key)
+
+
 def describe(value: Any) -> str:
     """A short description of a pickled value for a message: never its whole contents."""
     if isinstance(value, Global):
