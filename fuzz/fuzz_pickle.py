@@ -222,7 +222,7 @@ def judge(data: bytes, compare_torch: bool = False) -> Outcome:
         if tensor.storage_start + tensor.storage_size > len(data):
             return Outcome("accepted", "storage outside the file", tensor.name)
         if tensor.nbytes <= 1 << 16:
-            pytorch.gather(tensor, read)
+            pytorch.gather_into(tensor, read, 0, memoryview(bytearray(tensor.nbytes)))
     try:
         pytorch.safetensors_file(checkpoint.tensors)
     except Exception as exc:  # noqa: BLE001
@@ -270,7 +270,9 @@ def _compare_with_torch(data: bytes, checkpoint: pytorch.Checkpoint, read: Calla
         # then refuses.
         plain = torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor)
         raw = plain.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        if raw != pytorch.gather(mine, read):
+        served = bytearray(mine.nbytes)
+        pytorch.gather_into(mine, read, 0, memoryview(served))
+        if raw != served:
             return f"{name}: bytes differ"
     return ""
 

@@ -10,3 +10,6 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
     nginx-light \
     squashfuse squashfs-tools  # nginx: the remote tests' HTTP and Hub server; squashfuse_ll: bench_find.py's peer
 python3 -m pip install -q --disable-pip-version-check -e ".[test]"
+# lpips 0.1.4's weights (torch.save's older layout, protocol 2) for tests/test_pytorch_mount.py: the wheel only,
+# never installed (it would pull torchvision and another torch)
+python3 -m pip download -q --disable-pip-version-check --no-deps lpips==0.1.4 -d tests/.wheels

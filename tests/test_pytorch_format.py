@@ -1,4 +1,4 @@
-"""The PyTorch checkpoint reader (stfs/formats/pytorch.py, SPEC §12): checkpoints the real torch writes read
+"""The PyTorch checkpoint reader (stfs/formats/pytorch/, SPEC §12): checkpoints the real torch writes read
 as torch reads them, without running them; hand-made zips and pickles for every refusal; hostile pickles
 within bounds; the equivalent safetensors file loaded by the real safetensors; a bounded fuzz run."""
 
@@ -68,6 +68,16 @@ def raw(tensor: torch.Tensor) -> bytes:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+def gathered(
+    tensor: pytorch.Tensor, read: Callable[[int, int], bytes], begin: int = 0, end: int | None = None
+) -> bytes:
+    """Bytes ``begin`` to ``end`` of a tensor's elements in C order, as the mount serves them (``gather_into``)."""
+    end = tensor.nbytes if end is None else min(end, tensor.nbytes)
+    out = bytearray(max(end - begin, 0))
+    pytorch.gather_into(tensor, read, begin, memoryview(out))
+    return bytes(out)
+
+
 def check_bytes(data: bytes, checkpoint: pytorch.Checkpoint, expected: dict[str, torch.Tensor]) -> None:
     """Every tensor read is the expected one: dtype, shape, and its bytes (a range or gathered) those of
     ``t.contiguous()``."""
@@ -78,7 +88,7 @@ def check_bytes(data: bytes, checkpoint: pytorch.Checkpoint, expected: dict[str,
         assert list(tensor.shape) == list(want.shape), tensor.name
         assert tensor.dtype == pytorch.TORCH_DTYPES[str(want.dtype).removeprefix("torch.")][0]
         assert tensor.contiguous == want.is_contiguous(), tensor.name
-        assert pytorch.gather(tensor, reader) == raw(want), tensor.name
+        assert gathered(tensor, reader) == raw(want), tensor.name
         if tensor.contiguous:
             offset, size = tensor.byte_range or (0, 0)
             assert data[offset : offset + size] == raw(want), tensor.name
@@ -233,7 +243,7 @@ def test_gather_any_part_of_a_strided_tensor() -> None:
     for tensor in read(data).tensors:
         whole = raw(tensors[tensor.name])
         for begin, end in [(0, 8), (3, 100), (8, 16), (40, len(whole)), (len(whole) - 5, len(whole) + 9), (17, 17)]:
-            assert pytorch.gather(tensor, reader, begin, end) == whole[begin:end], (tensor.name, begin, end)
+            assert gathered(tensor, reader, begin, end) == whole[begin:end], (tensor.name, begin, end)
 
 
 @pytest.mark.parametrize("layout", ["zip", "legacy"])
@@ -668,7 +678,7 @@ def safetensors_bytes(data: bytes, checkpoint: pytorch.Checkpoint) -> bytes:
     out = bytearray(made.header)
     for tensor, offset in made.placements:
         assert offset == len(out)
-        out += pytorch.gather(tensor, Counted(data))
+        out += gathered(tensor, Counted(data))
     assert len(out) == made.size
     return bytes(out)
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import MountFn, refusal, run
+from tests.helpers import IN_CI, MountFn, refusal, run
 
 torch = pytest.importorskip("torch")
 
@@ -347,3 +348,31 @@ def test_view_safetensors_keeps_a_safetensors_file_the_repository_already_has(mo
 
     with safe_open(str(Path(mnt, "safetensors", "extra.safetensors")), framework="pt") as opened:
         assert torch.equal(opened.get_tensor("w"), torch.zeros(2, 2))
+
+
+LPIPS_WHEEL = Path(__file__).parent / ".wheels" / "lpips-0.1.4-py3-none-any.whl"  # scripts/setup.sh, .ci/run
+
+
+@pytest.mark.parametrize(
+    ("member", "count"),
+    [("lpips/weights/v0.1/alex.pth", 5), ("lpips/weights/v0.1/vgg.pth", 5), ("lpips/weights/v0.0/squeeze.pth", 7)],
+)
+def test_lpips_weights_mount_with_torchs_names_and_bytes(
+    mount: MountFn, tmp_path: Path, member: str, count: int
+) -> None:
+    """lpips 0.1.4's weights: torch.save's older layout, protocol 2, Python 2 strings, the state dict built as
+    ``OrderedDict([[name, tensor], ...])`` (pairs as lists) and a CUDA location: mounted under the names
+    torch.load(weights_only=True) gives (``lin0.model.1.weight``, ...), each file the bytes it loads."""
+    if not LPIPS_WHEEL.exists():
+        if IN_CI:
+            pytest.fail(f"{LPIPS_WHEEL} is missing in CI (.ci/run downloads it)")
+        pytest.skip("python3 -m pip download --no-deps lpips==0.1.4 -d tests/.wheels (scripts/setup.sh)")
+    path = tmp_path / member.replace("/", "_")
+    with zipfile.ZipFile(LPIPS_WHEEL) as wheel:
+        path.write_bytes(wheel.read(member))
+    expected = torch.load(path, weights_only=True, map_location="cpu")
+    assert list(expected) == [f"lin{i}.model.1.weight" for i in range(count)]
+    mnt = mount(str(path))
+    check_tensors(mnt, dict(expected), path)
+    assert list(json.loads(Path(mnt, "header.json").read_bytes())) == ["__metadata__", *expected]
+    assert sorted(os.listdir(Path(mnt, "tensors"))) == [f"lin{i}" for i in range(count)]

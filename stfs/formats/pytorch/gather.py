@@ -1,0 +1,54 @@
+"""A strided tensor's bytes in C order, gathered from its storage."""
+
+from __future__ import annotations
+
+from .checkpoint import Tensor
+from .reads import Read, read_exact
+
+GATHER_WINDOW = 8 << 20  # the most bytes of a storage one read of a strided tensor asks for
+GATHER_GAP = 64 << 10  # elements further apart than this are read apart (a gap costs more than another read)
+GATHER_ELEMENTS = 1 << 18  # elements of a strided tensor gathered at once: their positions are 2 MiB of int64
+
+
+def gather_into(tensor: Tensor, read: Read, begin: int, view: memoryview) -> None:
+    """Fill ``view`` with the bytes from ``begin`` of the tensor's elements in C order (within ``nbytes``).
+
+    Bounded whatever the tensor's size: ``GATHER_ELEMENTS`` elements at a time, whose positions in the storage are
+    sorted and read in windows of at most ``GATHER_WINDOW`` bytes, split where they lie ``GATHER_GAP`` apart (a
+    slice with a large step, or the rows of a transpose, read as the parts that hold them).
+    """
+    import numpy as np
+
+    size = tensor.itemsize
+    item = np.dtype(f"V{size}")
+    end = begin + len(view)
+    done = 0
+    while begin + done < end:
+        first = (begin + done) // size
+        last = min((end - 1) // size, first + GATHER_ELEMENTS - 1)
+        index = np.arange(first, last + 1, dtype=np.int64)
+        positions = np.full(index.shape, tensor.storage_offset, dtype=np.int64)
+        for dim, stride in zip(reversed(tensor.shape), reversed(tensor.strides), strict=True):
+            positions += (index % dim) * stride
+            index //= dim
+        order = np.argsort(positions, kind="stable")
+        ordered = positions[order]
+        gaps = np.flatnonzero(np.diff(ordered) * size > GATHER_GAP)
+        out = np.empty(len(ordered), dtype=item)
+        start = 0
+        while start < len(ordered):
+            stop = int(np.searchsorted(ordered, ordered[start] + GATHER_WINDOW // size, side="left"))
+            cut = int(np.searchsorted(gaps, start, side="left"))
+            if cut < len(gaps) and gaps[cut] + 1 < stop:
+                stop = int(gaps[cut]) + 1
+            low = int(ordered[start])
+            raw = read_exact(
+                read, tensor.storage_start + low * size, (int(ordered[stop - 1]) - low + 1) * size, "<gather>"
+            )
+            out[order[start:stop]] = np.frombuffer(raw, dtype=item)[ordered[start:stop] - low]
+            start = stop
+        chunk = memoryview(out.view(np.uint8).data)
+        skip = begin + done - first * size
+        length = min(end - begin - done, len(chunk) - skip)
+        view[done : done + length] = chunk[skip : skip + length]
+        done += length
