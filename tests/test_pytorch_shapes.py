@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from scripts import fuzz_pickle as fz
 from stfs import errors
 from stfs.formats import pytorch
+from tests import checkpoints as fz
 from tests.test_pytorch_format import SAFETENSORS_DTYPES, random_tensor
 
 LAYOUTS = ["zip", "legacy"]
