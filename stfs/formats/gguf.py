@@ -25,19 +25,58 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import math
+import os
 import re
 import struct
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union, overload
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Union, overload
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .. import errors
 from .base import Header, RangeFetcher, TensorEntry
+
+
+def _gguf_constants() -> ModuleType:
+    """The ``gguf`` package's ``constants`` module: its type table and value types. ``import gguf.constants``
+    runs the package's ``__init__`` first, which imports its reader, writer, quants and yaml, ~40 ms of every
+    GGUF mount's start for these tables; the module imports nothing of the package, so its file runs alone. Where
+    the package is imported already, or the file does not run alone (another version), the package's module."""
+    if "gguf.constants" in sys.modules:
+        return sys.modules["gguf.constants"]
+    try:
+        package = importlib.util.find_spec("gguf")
+        assert package is not None and package.submodule_search_locations
+        name = f"{__name__}._gguf_constants"
+        path = os.path.join(next(iter(package.submodule_search_locations)), "constants.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    except Exception:  # any failure: the ordinary import, which says what is wrong
+        sys.modules.pop(f"{__name__}._gguf_constants", None)
+        import gguf.constants
+
+        return gguf.constants
+
+
+if TYPE_CHECKING:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+else:
+    _constants = _gguf_constants()
+    GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType = (
+        _constants.GGML_QUANT_SIZES,
+        _constants.GGMLQuantizationType,
+        _constants.GGUFValueType,
+    )
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -177,10 +216,11 @@ def ggml_type(key: int | str) -> GgmlType:
 def _dequantizable(type_id: int) -> bool:
     # Asked of the package itself, on one block of zeros: its list of decoders is private and changes by version.
     from gguf import quants
+    from gguf.constants import GGMLQuantizationType as PackageType
 
     kind = GGML_TYPES[type_id]
     try:
-        out = quants.dequantize(np.zeros((1, kind.type_size), dtype=np.uint8), GGMLQuantizationType(type_id))
+        out = quants.dequantize(np.zeros((1, kind.type_size), dtype=np.uint8), PackageType(type_id))
     except NotImplementedError:
         return False
     return bool(out.dtype == np.float32 and out.size == kind.block_size)
@@ -199,7 +239,9 @@ class KeyValue:
     type: int
     value: KvValue
     item_type: int | None = None
-    encoded: bytes | None = field(default=None, repr=False)  # ``value_json`` as UTF-8, where reading made it
+    # Where reading made them (an array of strings): ``value_json``, and the same as ``encoded_json`` makes it.
+    text: str | None = field(default=None, repr=False)
+    encoded: bytes | None = field(default=None, repr=False)
 
     @property
     def type_name(self) -> str:
@@ -418,8 +460,8 @@ class _Parser:
             if kind == GGUFValueType.ARRAY:
                 item = self._int(_I32, f"the element type of key {key!r}")
                 length = self._int(_U64, f"the length of key {key!r}")
-                value, encoded = self._array(key, item, length)
-                found[key] = KeyValue(key, kind, value, item, encoded)
+                value, made = self._array(key, item, length)
+                found[key] = KeyValue(key, kind, value, item, *(made or (None, None)))
             else:
                 found[key] = KeyValue(key, kind, self._scalar(key, kind))
         self.kv_left = 0
@@ -440,7 +482,7 @@ class _Parser:
         item: int | float = value.item()
         return item
 
-    def _array(self, key: str, item: int, length: int) -> tuple[KvValue, bytes | None]:
+    def _array(self, key: str, item: int, length: int) -> tuple[KvValue, tuple[str, bytes] | None]:
         """The array's values, and its JSON where reading it made that already (an array of strings)."""
         if item == GGUFValueType.ARRAY:
             raise errors.InvalidKvType(self.path, f"key {key!r} is an array of arrays, which llama.cpp does not read")
@@ -465,12 +507,12 @@ class _Parser:
             return values != 0, None
         return values.astype(values.dtype.newbyteorder("="), copy=False), None
 
-    def _strings(self, key: str, count: int) -> tuple[StringArray | list[str], bytes | None]:
+    def _strings(self, key: str, count: int) -> tuple[StringArray | list[str], tuple[str, bytes] | None]:
         """An array of ``count`` strings, and its JSON: a vocabulary, so the lengths are walked with numpy
         (``_walk``) and the strings decoded and their JSON made in a few passes over their bytes
         (``_string_array``); an element that breaks a rule, or lies past the prefix, is the checked loop's."""
         if count == 0:
-            return [], b"[]"
+            return [], ("[]", b"[]")
         starts, pos = _walk(self.buf, self.pos, count, self.end)
         if len(starts) < count:  # the element at pos breaks a rule or is not all in the prefix: the loop says which
             self._strings_checked(key, count, len(starts), pos)
@@ -652,6 +694,7 @@ def _concatenated(arrays: list[np.ndarray]) -> np.ndarray:
 # the bytes under 0x20. A byte is replaced by the last byte of its escape, and the others are put before it.
 _ESCAPES = {b: json.dumps(chr(b), ensure_ascii=False)[1:-1].encode() for b in range(0x80)}
 _ESCAPES = {b: escape for b, escape in _ESCAPES.items() if escape != bytes([b])}
+assert set(_ESCAPES) == {*range(0x20), ord('"'), ord("\\")}  # what _string_array looks for
 _ESCAPE_GROWS = np.zeros(256, dtype=np.uint8)  # how many bytes go before the byte: 0 for one not escaped
 _ESCAPE_HEADS = np.zeros((256, 5), dtype=np.uint8)
 _ESCAPE_LAST = np.arange(256, dtype=np.uint8)
@@ -659,10 +702,12 @@ for _byte, _escape in _ESCAPES.items():
     _ESCAPE_GROWS[_byte] = len(_escape) - 1
     _ESCAPE_HEADS[_byte, : len(_escape) - 1] = np.frombuffer(_escape[:-1], dtype=np.uint8)
     _ESCAPE_LAST[_byte] = _escape[-1]
-_QUOTE, _COMMA = ord('"'), ord(",")
+_QUOTE, _COMMA, _BACKSLASH = ord('"'), ord(","), ord("\\")
 
 
-def _string_array(buf: bytes, starts: np.ndarray, stop: int) -> tuple[StringArray | list[str], bytes | None]:
+def _string_array(
+    buf: bytes, starts: np.ndarray, stop: int
+) -> tuple[StringArray | list[str], tuple[str, bytes] | None]:
     """The strings whose u64 lengths sit at ``starts`` (back to back, the last ending at ``stop``), decoded as
     UTF-8 (surrogate escapes for other bytes), and their JSON as ``json.dumps(..., ensure_ascii=False)`` makes it
     (``None`` where a string is not UTF-8: that JSON is json's to make), in a few passes over the bytes.
@@ -689,11 +734,10 @@ def _string_array(buf: bytes, starts: np.ndarray, stop: int) -> tuple[StringArra
         values = [buf[s + 8 : e].decode("utf-8", "surrogateescape") for s, e in zip(starts.tolist(), ends, strict=True)]
     for k in range(3):
         joined[room + k] = _COMMA  # a byte JSON does not escape, for now
-    grows = _ESCAPE_GROWS[joined]
-    escaped = np.flatnonzero(grows)
+    escaped = np.flatnonzero((joined < 0x20) | (joined == _QUOTE) | (joined == _BACKSLASH))
     if len(escaped):
         codes = joined[escaped]
-        sizes = grows[escaped].astype(np.int64)
+        sizes = _ESCAPE_GROWS[codes].astype(np.int64)
         total = np.cumsum(sizes)
         heads = _ESCAPE_HEADS[np.repeat(codes, sizes), np.arange(int(total[-1])) - np.repeat(total - sizes, sizes)]
         joined[escaped] = _ESCAPE_LAST[codes]
@@ -705,10 +749,9 @@ def _string_array(buf: bytes, starts: np.ndarray, stop: int) -> tuple[StringArra
     joined[1] = ord("[")
     encoded = joined[1:].tobytes() + b'"]'
     try:
-        encoded.decode("utf-8")
+        return values, (encoded.decode("utf-8"), encoded)
     except UnicodeDecodeError:
         return values, None
-    return values, encoded
 
 
 def _pad(value: int, alignment: int) -> int:
@@ -788,8 +831,8 @@ def _scalar_json(kind: int, value: Any) -> str:
 
 def value_json(kv: KeyValue) -> str:
     """The JSON text of a key/value's value: ints exact, floats shortest for their type, NaN as ``"NaN"``."""
-    if kv.encoded is not None:
-        return kv.encoded.decode("utf-8")
+    if kv.text is not None:
+        return kv.text
     if kv.item_type is None:
         return _scalar_json(kv.type, kv.value)
     value = kv.value
@@ -983,6 +1026,8 @@ def metadata_texts(metadata: Mapping[str, KeyValue], encoded: Mapping[str, bytes
     for key, kv in metadata.items():
         if kv.type == GGUFValueType.STRING:
             found[key] = metadata_file(kv)[:-1].decode("utf-8", "surrogateescape")
+        elif kv.text is not None:
+            found[key] = kv.text  # the JSON of strings that are all UTF-8: nothing to escape
         else:
             found[key] = (encoded[key] if encoded is not None else encoded_json(kv)).decode("utf-8")
     return found
