@@ -138,7 +138,7 @@ class StringArray(Sequence[str]):
     __slots__ = ("_joined", "_count", "_items")
 
     def __init__(self, joined: bytes, count: int) -> None:
-        self._joined = joined  # each string after b"\\xff\\xff\\xff", which none of them holds
+        self._joined = joined  # each string after 0xFF 0xFF 0xFF, bytes none of them holds
         self._count = count
         self._items: list[str] | None = None
 
@@ -631,6 +631,9 @@ class _Parser:
         return tuple(tensors)
 
 
+_WALK_STRETCH = 4 << 20  # bytes looked at in one pass (a stretch of zeros makes a candidate of every byte)
+
+
 def _walk(buf: bytes, pos: int, count: int, end: int) -> tuple[np.ndarray, int]:
     """Where each of ``count`` strings (a u64 length, then its bytes) from ``pos`` starts, and where the last one
     ends; fewer starts where the next string (at the position returned) is over 1 GiB or runs past ``end``.
@@ -644,7 +647,7 @@ def _walk(buf: bytes, pos: int, count: int, end: int) -> tuple[np.ndarray, int]:
     began = pos
     per = 24  # bytes a string takes with its length, until some are read
     while taken < count and pos + 8 <= end and steps < 64 + taken // 8:
-        size = min(end - pos, (count - taken) * per + 4096)
+        size = min(end - pos, (count - taken) * per + 4096, _WALK_STRETCH)
         words = np.ndarray((size - 7,), dtype="<u8", buffer=buf, offset=pos, strides=(1,))
         candidates = np.flatnonzero(words < 256)
         after = candidates + 8 + words[candidates].astype(np.int64)
@@ -692,8 +695,7 @@ def _concatenated(arrays: list[np.ndarray]) -> np.ndarray:
 
 # JSON's escape of each byte that json.dumps escapes in a string (ensure_ascii=False): a quote, a backslash, and
 # the bytes under 0x20. A byte is replaced by the last byte of its escape, and the others are put before it.
-_ESCAPES = {b: json.dumps(chr(b), ensure_ascii=False)[1:-1].encode() for b in range(0x80)}
-_ESCAPES = {b: escape for b, escape in _ESCAPES.items() if escape != bytes([b])}
+_ESCAPES = {b: e for b in range(0x80) if (e := json.dumps(chr(b), ensure_ascii=False)[1:-1].encode()) != bytes([b])}
 assert set(_ESCAPES) == {*range(0x20), ord('"'), ord("\\")}  # what _string_array looks for
 _ESCAPE_GROWS = np.zeros(256, dtype=np.uint8)  # how many bytes go before the byte: 0 for one not escaped
 _ESCAPE_HEADS = np.zeros((256, 5), dtype=np.uint8)
