@@ -681,6 +681,56 @@ def test_string_arrays_decode_as_one_by_one_whatever_their_bytes() -> None:
         assert got == [i.decode("utf-8", "surrogateescape") for i in items]
 
 
+def test_a_vocabulary_s_json_is_json_s_whatever_its_strings() -> None:
+    """A string array is walked and made JSON over its bytes (stfs.formats.gguf._walk, _string_array): the same
+    values and text as json.dumps of the strings one by one, across stretches, long strings and every escape."""
+    rng = np.random.default_rng(5)
+    pool = [bytes([b]) for b in range(0x80)] + [b"\xc3\xa9", b"\xe2\x80\xa8", b"\xf0\x9f\x98\x80", b"a" * 300, b""]
+    plain = [
+        b"tok" + bytes(rng.integers(97, 123, size=int(rng.integers(0, 12)), dtype=np.uint8)) for _ in range(300_000)
+    ]
+    cases = {
+        "escapes": [b"".join(rng.choice(pool, size=int(rng.integers(0, 5)))) for _ in range(20_000)],
+        "long strings": [b"x" * int(rng.integers(250, 2000)) for _ in range(5_000)],  # lengths of 256 and more
+        "empty strings": [b""] * 5_000,
+        "over 4 MiB of plain ones": plain,
+        "not UTF-8": [b"ok", b"\xc3", b'"'],
+    }
+    for name, items in cases.items():
+        entry = kv_array("s", GGUFValueType.STRING, len(items), b"".join(string(i) for i in items))
+        header = read("x.gguf", build([entry, kv_u32("after", 7)], []))
+        expected = [i.decode("utf-8", "surrogateescape") for i in items]
+        kv_ = header.metadata["s"]
+        assert kv_.value == expected and len(kv_.value) == len(expected), name
+        assert gguf.value_json(kv_) == json.dumps(expected, ensure_ascii=False, separators=(",", ":")), name
+        assert header.metadata["after"].value == 7
+
+
+def test_whole_numbers_are_written_as_json_and_numpy_write_them() -> None:
+    rng = np.random.default_rng(6)
+    kinds = {
+        GGUFValueType.UINT8: "<u1",
+        GGUFValueType.INT8: "<i1",
+        GGUFValueType.UINT16: "<u2",
+        GGUFValueType.INT16: "<i2",
+        GGUFValueType.UINT32: "<u4",
+        GGUFValueType.INT32: "<i4",
+        GGUFValueType.UINT64: "<u8",
+        GGUFValueType.INT64: "<i8",
+    }
+    for kind, dtype in kinds.items():
+        limits = np.iinfo(dtype)
+        edges = np.array([limits.min, limits.max, 0, 1, 9, 10, 99, 100], dtype=dtype)
+        values = np.concatenate([edges, rng.integers(limits.min, limits.max, size=3000, dtype=dtype, endpoint=True)])
+        entry = kv_array("n", kind, len(values), values.tobytes())
+        text = gguf.value_json(read("x.gguf", build([entry], [])).metadata["n"])
+        assert text == json.dumps(values.tolist(), separators=(",", ":")), dtype
+    scores = np.concatenate([np.float32([-0.0, 0.0, 999_999, -999_999, 120_000]), -np.arange(151_936, dtype="<f4")])
+    entry = kv_array("f", GGUFValueType.FLOAT32, len(scores), scores.tobytes())
+    text = gguf.value_json(read("x.gguf", build([entry], [])).metadata["f"])
+    assert text == "[" + ",".join(scores.astype(str).tolist()) + "]"  # -0.0, 999999.0: numpy's shortest
+
+
 # -- split sets --------------------------------------------------------------------------------------------------
 
 

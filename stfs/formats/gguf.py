@@ -25,19 +25,58 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import math
+import os
 import re
 import struct
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Union, overload
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .. import errors
 from .base import DType, Format, Header, RangeFetcher, SplitSet, TensorEntry
+
+
+def _gguf_constants() -> ModuleType:
+    """The ``gguf`` package's ``constants`` module: its type table and value types. ``import gguf.constants``
+    runs the package's ``__init__`` first, which imports its reader, writer, quants and yaml, ~40 ms of every
+    GGUF mount's start for these tables; the module imports nothing of the package, so its file runs alone. Where
+    the package is imported already, or the file does not run alone (another version), the package's module."""
+    if "gguf.constants" in sys.modules:
+        return sys.modules["gguf.constants"]
+    try:
+        package = importlib.util.find_spec("gguf")
+        assert package is not None and package.submodule_search_locations
+        name = f"{__name__}._gguf_constants"
+        path = os.path.join(next(iter(package.submodule_search_locations)), "constants.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    except Exception:  # any failure: the ordinary import, which says what is wrong
+        sys.modules.pop(f"{__name__}._gguf_constants", None)
+        import gguf.constants
+
+        return gguf.constants
+
+
+if TYPE_CHECKING:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+else:
+    _constants = _gguf_constants()
+    GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType = (
+        _constants.GGML_QUANT_SIZES,
+        _constants.GGMLQuantizationType,
+        _constants.GGUFValueType,
+    )
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -91,7 +130,50 @@ _NUMPY_DTYPES: Mapping[str, str] = {
     "I64": "<i8",
 }
 
-KvValue = Union[int, float, bool, str, np.ndarray, list[str]]  # noqa: UP007 (a runtime alias under py3.10)
+
+class StringArray(Sequence[str]):
+    """An array of strings (a vocabulary's) decoded when first asked for: a mount needs only its JSON. Equal to
+    a list of the same strings."""
+
+    __slots__ = ("_joined", "_count", "_items")
+
+    def __init__(self, joined: bytes, count: int) -> None:
+        self._joined = joined  # each string after 0xFF 0xFF 0xFF, bytes none of them holds
+        self._count = count
+        self._items: list[str] | None = None
+
+    def _decoded(self) -> list[str]:
+        if self._items is None:
+            self._items = self._joined.decode("utf-8", "surrogateescape").split("\udcff\udcff\udcff")[1:]
+        return self._items
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        return self._decoded()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringArray | list):
+            return self._decoded() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._decoded())
+
+
+KvValue = Union[int, float, bool, str, np.ndarray, list[str], StringArray]  # noqa: UP007 (a runtime alias, py3.10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +216,11 @@ def ggml_type(key: int | str) -> GgmlType:
 def _dequantizable(type_id: int) -> bool:
     # Asked of the package itself, on one block of zeros: its list of decoders is private and changes by version.
     from gguf import quants
+    from gguf.constants import GGMLQuantizationType as PackageType
 
     kind = GGML_TYPES[type_id]
     try:
-        out = quants.dequantize(np.zeros((1, kind.type_size), dtype=np.uint8), GGMLQuantizationType(type_id))
+        out = quants.dequantize(np.zeros((1, kind.type_size), dtype=np.uint8), PackageType(type_id))
     except NotImplementedError:
         return False
     return bool(out.dtype == np.float32 and out.size == kind.block_size)
@@ -156,6 +239,9 @@ class KeyValue:
     type: int
     value: KvValue
     item_type: int | None = None
+    # Where reading made them (an array of strings): ``value_json``, and the same as ``encoded_json`` makes it.
+    text: str | None = field(default=None, repr=False)
+    encoded: bytes | None = field(default=None, repr=False)
 
     @property
     def type_name(self) -> str:
@@ -374,7 +460,8 @@ class _Parser:
             if kind == GGUFValueType.ARRAY:
                 item = self._int(_I32, f"the element type of key {key!r}")
                 length = self._int(_U64, f"the length of key {key!r}")
-                found[key] = KeyValue(key, kind, self._array(key, item, length), item)
+                value, made = self._array(key, item, length)
+                found[key] = KeyValue(key, kind, value, item, *(made or (None, None)))
             else:
                 found[key] = KeyValue(key, kind, self._scalar(key, kind))
         self.kv_left = 0
@@ -395,7 +482,8 @@ class _Parser:
         item: int | float = value.item()
         return item
 
-    def _array(self, key: str, item: int, length: int) -> KvValue:
+    def _array(self, key: str, item: int, length: int) -> tuple[KvValue, tuple[str, bytes] | None]:
+        """The array's values, and its JSON where reading it made that already (an array of strings)."""
         if item == GGUFValueType.ARRAY:
             raise errors.InvalidKvType(self.path, f"key {key!r} is an array of arrays, which llama.cpp does not read")
         if item != GGUFValueType.STRING and item not in _SCALARS:
@@ -416,35 +504,21 @@ class _Parser:
         values = np.frombuffer(self.buf, dtype=dtype, count=length, offset=self.pos).copy()
         self.pos += length * size
         if item == GGUFValueType.BOOL:
-            return values != 0
-        return values.astype(values.dtype.newbyteorder("="), copy=False)
+            return values != 0, None
+        return values.astype(values.dtype.newbyteorder("="), copy=False), None
 
-    def _strings(self, key: str, count: int) -> list[str]:
-        """An array of ``count`` strings: a vocabulary, so the fast path walks the lengths in one tight loop and
-        decodes every string in one call; anything odd (or a prefix that ends inside) takes the checked loop."""
+    def _strings(self, key: str, count: int) -> tuple[StringArray | list[str], tuple[str, bytes] | None]:
+        """An array of ``count`` strings, and its JSON: a vocabulary, so the lengths are walked with numpy
+        (``_walk``) and the strings decoded and their JSON made in a few passes over their bytes
+        (``_string_array``); an element that breaks a rule, or lies past the prefix, is the checked loop's."""
         if count == 0:
-            return []
-        buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
-        starts: list[int] = []
-        mark = starts.append
-        try:
-            for _ in range(count):
-                mark(pos)
-                pos += 8 + unpack(buf, pos)[0]
-        except (struct.error, OverflowError):  # a length took pos past the buffer: that element was not read
-            pos = starts.pop()
-        walked = len(starts)
-        stops = np.array([*starts[1:], min(pos, self.end + 1)], dtype=np.int64)
-        bad = (stops > self.end) | (stops - np.array(starts, dtype=np.int64) - 8 > MAX_STRING_LENGTH)
-        if walked < count or bad.any():
-            first = int(np.argmax(bad)) if bad.any() else walked
-            self._strings_checked(key, count, first, starts[first] if first < walked else pos)
-            return self._strings_checked(key, count, 0, self.pos)  # not reached: the checked loop refuses
-        out = _decode_all(buf, np.array(starts, dtype=np.int64), pos)
-        if len(out) != count:  # a string held the separator byte: decode one by one
-            out = self._strings_checked(key, count, 0, self.pos)
+            return [], ("[]", b"[]")
+        starts, pos = _walk(self.buf, self.pos, count, self.end)
+        if len(starts) < count:  # the element at pos breaks a rule or is not all in the prefix: the loop says which
+            self._strings_checked(key, count, len(starts), pos)
+            return self._strings_checked(key, count, 0, self.pos), None  # not reached: the checked loop refuses
         self.pos = pos
-        return out
+        return _string_array(self.buf, starts, pos)
 
     def _strings_checked(self, key: str, count: int, first: int, pos: int) -> list[str]:
         """Elements ``first``.. of a string array from ``pos``, every rule checked as llama.cpp reads them."""
@@ -557,20 +631,129 @@ class _Parser:
         return tuple(tensors)
 
 
-def _decode_all(buf: bytes, starts: np.ndarray, stop: int) -> list[str]:
+_WALK_STRETCH = 4 << 20  # bytes looked at in one pass (a stretch of zeros makes a candidate of every byte)
+
+
+def _walk(buf: bytes, pos: int, count: int, end: int) -> tuple[np.ndarray, int]:
+    """Where each of ``count`` strings (a u64 length, then its bytes) from ``pos`` starts, and where the last one
+    ends; fewer starts where the next string (at the position returned) is over 1 GiB or runs past ``end``.
+
+    A length under 256 is a word whose bytes 1-7 are 0: such words, found in one pass over a stretch of the
+    bytes, are the candidates, and from a known start, each candidate that ends where the next one starts
+    makes the next one a start too, so a run of them is taken at once. A start that is no candidate (a string
+    of 256 bytes or more) is stepped over alone; past a few steps per string, the rest are (an odd array)."""
+    found: list[np.ndarray] = []
+    taken = steps = 0
+    began = pos
+    per = 24  # bytes a string takes with its length, until some are read
+    while taken < count and pos + 8 <= end and steps < 64 + taken // 8:
+        size = min(end - pos, (count - taken) * per + 4096, _WALK_STRETCH)
+        words = np.ndarray((size - 7,), dtype="<u8", buffer=buf, offset=pos, strides=(1,))
+        candidates = np.flatnonzero(words < 256)
+        after = candidates + 8 + words[candidates].astype(np.int64)
+        breaks = np.flatnonzero(after[:-1] != candidates[1:])  # where a run of candidates may not go on
+        at = 0
+        while taken < count and at + 8 <= size and steps < 64 + taken // 8:
+            steps += 1
+            first = int(np.searchsorted(candidates, at))
+            if first < len(candidates) and candidates[first] == at:
+                stop = int(np.searchsorted(breaks, first))
+                last = min(int(breaks[stop]) if stop < len(breaks) else len(candidates) - 1, first + count - taken - 1)
+                found.append(candidates[first : last + 1] + pos)
+                taken += last + 1 - first
+                at = int(after[last])
+                continue
+            (length,) = _U64.unpack_from(buf, pos + at)
+            if length > MAX_STRING_LENGTH or pos + at + 8 + length > end:
+                return _concatenated(found), pos + at
+            found.append(np.array([pos + at], dtype=np.int64))
+            taken += 1
+            at += 8 + length
+        pos += at
+        per = (pos - began) // max(taken, 1) + 1
+    if taken < count and steps >= 64 + taken // 8:  # many breaks: one string at a time
+        rest: list[int] = []
+        mark, unpack = rest.append, _U64.unpack_from
+        for _ in range(count - taken):
+            if pos + 8 > end:
+                break
+            (length,) = unpack(buf, pos)
+            if length > MAX_STRING_LENGTH or pos + 8 + length > end:
+                break
+            mark(pos)
+            pos += 8 + length
+        found.append(np.array(rest, dtype=np.int64))
+    starts = _concatenated(found)
+    if pos > end:  # the last string runs past the end
+        return starts[:-1], int(starts[-1])
+    return starts, pos
+
+
+def _concatenated(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+
+
+# JSON's escape of each byte that json.dumps escapes in a string (ensure_ascii=False): a quote, a backslash, and
+# the bytes under 0x20. A byte is replaced by the last byte of its escape, and the others are put before it.
+_ESCAPES = {b: e for b in range(0x80) if (e := json.dumps(chr(b), ensure_ascii=False)[1:-1].encode()) != bytes([b])}
+assert set(_ESCAPES) == {*range(0x20), ord('"'), ord("\\")}  # what _string_array looks for
+_ESCAPE_GROWS = np.zeros(256, dtype=np.uint8)  # how many bytes go before the byte: 0 for one not escaped
+_ESCAPE_HEADS = np.zeros((256, 5), dtype=np.uint8)
+_ESCAPE_LAST = np.arange(256, dtype=np.uint8)
+for _byte, _escape in _ESCAPES.items():
+    _ESCAPE_GROWS[_byte] = len(_escape) - 1
+    _ESCAPE_HEADS[_byte, : len(_escape) - 1] = np.frombuffer(_escape[:-1], dtype=np.uint8)
+    _ESCAPE_LAST[_byte] = _escape[-1]
+_QUOTE, _COMMA, _BACKSLASH = ord('"'), ord(","), ord("\\")
+
+
+def _string_array(
+    buf: bytes, starts: np.ndarray, stop: int
+) -> tuple[StringArray | list[str], tuple[str, bytes] | None]:
     """The strings whose u64 lengths sit at ``starts`` (back to back, the last ending at ``stop``), decoded as
-    UTF-8 (surrogate escapes for other bytes) in one call: each length's last byte becomes 0xFF, a byte UTF-8
-    never holds, its other 7 go, and the text splits at the escapes of that byte. A string holding 0xFF itself
-    splits in two; the caller sees the count differ."""
+    UTF-8 (surrogate escapes for other bytes), and their JSON as ``json.dumps(..., ensure_ascii=False)`` makes it
+    (``None`` where a string is not UTF-8: that JSON is json's to make), in a few passes over the bytes.
+
+    Each length's first 5 bytes go, its last 3 make room for a separator: ``\\xff\\xff\\xff`` (bytes UTF-8 never
+    holds) to split the decoded text at, then ``","`` between the strings of the JSON, whose escapes are put in
+    with one insert."""
+    count = len(starts)
     base = int(starts[0])
-    region = np.frombuffer(buf, dtype=np.uint8, count=stop - base, offset=base).copy()
+    region = np.frombuffer(buf, dtype=np.uint8, count=stop - base, offset=base)
     local = starts - base
-    cut = np.zeros(len(region) + 1, dtype=np.int8)
-    cut[local] = 1
-    cut[local + 7] = -1
-    region[local + 7] = 0xFF
-    kept = region[np.cumsum(cut[:-1], dtype=np.int8) == 0]
-    return kept.tobytes().decode("utf-8", "surrogateescape").split("\udcff")[1:]
+    keep = np.ones(len(region), dtype=bool)
+    for k in range(5):
+        keep[local + k] = False
+    joined = region[keep]
+    room = local - 5 * np.arange(count)  # each separator's first byte in joined: 5 bytes of each length gone
+    for k in range(3):
+        joined[room + k] = 0xFF
+    values: StringArray | list[str]
+    if np.count_nonzero(joined == 0xFF) == 3 * count:  # no string holds 0xFF: the text splits where they were
+        values = StringArray(joined.tobytes(), count)
+    else:
+        ends = [*starts[1:].tolist(), stop]
+        values = [buf[s + 8 : e].decode("utf-8", "surrogateescape") for s, e in zip(starts.tolist(), ends, strict=True)]
+    for k in range(3):
+        joined[room + k] = _COMMA  # a byte JSON does not escape, for now
+    escaped = np.flatnonzero((joined < 0x20) | (joined == _QUOTE) | (joined == _BACKSLASH))
+    if len(escaped):
+        codes = joined[escaped]
+        sizes = _ESCAPE_GROWS[codes].astype(np.int64)
+        total = np.cumsum(sizes)
+        heads = _ESCAPE_HEADS[np.repeat(codes, sizes), np.arange(int(total[-1])) - np.repeat(total - sizes, sizes)]
+        joined[escaped] = _ESCAPE_LAST[codes]
+        joined = np.insert(joined, np.repeat(escaped, sizes), heads)
+        room += np.concatenate(([0], total))[np.searchsorted(escaped, room)]
+    joined[room] = _QUOTE
+    joined[room + 1] = _COMMA
+    joined[room + 2] = _QUOTE
+    joined[1] = ord("[")
+    encoded = joined[1:].tobytes() + b'"]'
+    try:
+        return values, (encoded.decode("utf-8"), encoded)
+    except UnicodeDecodeError:
+        return values, None
 
 
 def _pad(value: int, alignment: int) -> int:
@@ -600,6 +783,42 @@ def _float32_texts(values: np.ndarray) -> list[str]:
     return texts
 
 
+_POWERS_OF_10 = 10 ** np.arange(20, dtype=np.uint64)
+
+
+def _whole_numbers_json(values: np.ndarray, suffix: bytes = b"") -> str:
+    """The JSON array of ``values``, integers (or whole floats, ``suffix`` ``.0``, their signs as signbit says)
+    as ``json.dumps`` writes them, made digit by digit for all of them at once: no Python int for each."""
+    if values.dtype.kind == "f":
+        negative = np.signbit(values)
+        magnitude = np.abs(values).astype(np.uint64)
+    elif values.dtype.kind == "u":
+        negative = np.zeros(len(values), dtype=bool)
+        magnitude = values.astype(np.uint64)
+    else:
+        negative = values < 0
+        magnitude = np.abs(values.astype(np.int64)).astype(np.uint64)  # -2^63 wraps to 2^63, its magnitude
+    digits = np.searchsorted(_POWERS_OF_10, magnitude, side="right").astype(np.int64)
+    np.maximum(digits, 1, out=digits)  # 0 has one
+    width = negative + digits + len(suffix) + 1  # and a comma
+    ends = np.cumsum(width)
+    out = np.empty(1 + int(ends[-1]), dtype=np.uint8)
+    out[0] = ord("[")
+    begins = ends - width + 1
+    out[begins[negative]] = ord("-")
+    place = begins + negative + digits - 1  # the last digit's
+    for k, byte in enumerate(suffix):
+        out[place + 1 + k] = byte
+    out[ends] = ord(",")
+    out[-1] = ord("]")
+    rest = magnitude
+    for k in range(int(digits.max())):
+        going = digits > k
+        out[place[going] - k] = ord("0") + (rest[going] % 10).astype(np.uint8)
+        rest = rest // 10
+    return out.tobytes().decode("ascii")
+
+
 def _scalar_json(kind: int, value: Any) -> str:
     if kind == GGUFValueType.STRING:
         return json.dumps(value, ensure_ascii=False)
@@ -614,17 +833,26 @@ def _scalar_json(kind: int, value: Any) -> str:
 
 def value_json(kv: KeyValue) -> str:
     """The JSON text of a key/value's value: ints exact, floats shortest for their type, NaN as ``"NaN"``."""
+    if kv.text is not None:
+        return kv.text
     if kv.item_type is None:
         return _scalar_json(kv.type, kv.value)
     value = kv.value
     if kv.item_type == GGUFValueType.STRING:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        assert isinstance(value, StringArray | list)
+        return json.dumps(list(value), ensure_ascii=False, separators=(",", ":"))
     assert isinstance(value, np.ndarray)
     if kv.item_type == GGUFValueType.FLOAT32:
+        if len(value) and (np.abs(value) < 10**6).all() and (value == value.round()).all():
+            # whole numbers under a million (a vocabulary's scores): a float32 holds each exactly and no shorter
+            # decimal reads back as it, so numpy writes its digits and ".0" (-5.0; 1e+06 from a million on)
+            return _whole_numbers_json(value, b".0")
         return "[" + ",".join(_float32_texts(value)) + "]"
     if kv.item_type == GGUFValueType.FLOAT64:
         return "[" + ",".join(_float64_texts(value)) + "]"
-    return json.dumps(value.tolist(), separators=(",", ":"))  # ints exact, bools true/false
+    if value.dtype == np.bool_ or not len(value):
+        return json.dumps(value.tolist(), separators=(",", ":"))  # true/false
+    return _whole_numbers_json(value)  # exact
 
 
 def metadata_file(kv: KeyValue) -> bytes:
@@ -632,7 +860,7 @@ def metadata_file(kv: KeyValue) -> bytes:
     if kv.type == GGUFValueType.STRING:
         assert isinstance(kv.value, str)
         return kv.value.encode("utf-8", "surrogateescape") + b"\n"  # its bytes as stored
-    return _json_bytes(value_json(kv)) + b"\n"
+    return encoded_json(kv) + b"\n"
 
 
 def _json_bytes(text: str) -> bytes:
@@ -641,23 +869,27 @@ def _json_bytes(text: str) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
-def header_json(model: GgufHeader | GgufSplitSet, texts: Mapping[str, str] | None = None) -> bytes:
+def encoded_json(kv: KeyValue) -> bytes:
+    """``value_json`` as UTF-8 bytes (a surrogate escape as its JSON escape, ``\\udcff``)."""
+    return kv.encoded if kv.encoded is not None else _json_bytes(value_json(kv))
+
+
+def header_json(model: GgufHeader | GgufSplitSet, encoded: Mapping[str, bytes] | None = None) -> bytes:
     """``header.json`` in the safetensors schema (SPEC §11): ``__metadata__`` with every key/value, then each
     tensor's ``dtype``, C-order ``shape`` and ``data_offsets`` relative to its file's data section; a split set
-    adds each tensor's ``file``. ``texts``: each key's ``value_json`` where the caller has made them already."""
+    adds each tensor's ``file``. ``encoded``: each key's ``encoded_json`` where the caller has made them already."""
     if isinstance(model, GgufHeader):
         metadata: Mapping[str, KeyValue] = model.metadata
         entries: list[tuple[GgufTensor, str | None]] = [(t, None) for t in model.tensors]
     else:
         metadata = model.metadata
         entries = [(t, f) for f, t in model.tensors]
-    parts = ['{"__metadata__":{']
-    parts.append(
-        ",".join(
-            f"{json.dumps(k, ensure_ascii=False)}:{texts[k] if texts else value_json(kv)}" for k, kv in metadata.items()
-        )
-    )
-    parts.append("}")
+    parts = [b'{"__metadata__":{']
+    for index, (k, kv) in enumerate(metadata.items()):
+        # pieces of bytes: a vocabulary's JSON is joined as it is, never decoded and encoded again
+        parts += (b"," if index else b"", _json_bytes(json.dumps(k, ensure_ascii=False)), b":")
+        parts.append(encoded[k] if encoded is not None else encoded_json(kv))
+    members = ["}"]
     for tensor, file in entries:
         member = (
             f',{json.dumps(tensor.name, ensure_ascii=False)}:{{"dtype":"{tensor.dtype}",'
@@ -666,9 +898,10 @@ def header_json(model: GgufHeader | GgufSplitSet, texts: Mapping[str, str] | Non
         )
         if file is not None:
             member += f',"file":{json.dumps(file, ensure_ascii=False)}'
-        parts.append(member + "}")
-    parts.append("}")
-    return _json_bytes("".join(parts))
+        members.append(member + "}")
+    members.append("}")
+    parts.append(_json_bytes("".join(members)))
+    return b"".join(parts)
 
 
 # -- split sets (gguf-split) -------------------------------------------------------------------------------------
@@ -773,14 +1006,14 @@ def fetch_header(
     header itself as ``parsed`` (a split set's checks need its key/values)."""
     cheap = first_read < CHEAP_BELOW  # a local file: reading more costs less than parsing a vocabulary again
     parsed = read_header(fetch, file_size, path=path, first_read=LOCAL_FIRST_READ if cheap else FIRST_READ)
-    texts = {key: value_json(kv) for key, kv in parsed.metadata.items()}  # the longest work: done once
-    made = header_json(parsed, texts)
+    encoded = {key: encoded_json(kv) for key, kv in parsed.metadata.items()}  # the longest work: done once
+    made = header_json(parsed, encoded)
     return Header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
         tensors=tuple(GgufEntry(t.name, t.dtype, t.shape, t.offset, t.offset + t.nbytes) for t in parsed.tensors),
-        metadata=metadata_texts(parsed.metadata, texts),
+        metadata=metadata_texts(parsed.metadata, encoded),
         digest=hashlib.sha256(made).digest(),
         data_start=parsed.data_offset,
         json_made=made,
@@ -788,15 +1021,17 @@ def fetch_header(
     )
 
 
-def metadata_texts(metadata: Mapping[str, KeyValue], texts: Mapping[str, str] | None = None) -> dict[str, str]:
+def metadata_texts(metadata: Mapping[str, KeyValue], encoded: Mapping[str, bytes] | None = None) -> dict[str, str]:
     """Each key's ``metadata/KEY`` content less its newline, as text (bytes that are not UTF-8 as surrogate
-    escapes, which the tree writes back as those bytes); ``texts``: each key's ``value_json``, made already."""
+    escapes, which the tree writes back as those bytes); ``encoded``: each key's ``encoded_json``, made already."""
     found = {}
     for key, kv in metadata.items():
-        if kv.type == GGUFValueType.STRING or texts is None:
+        if kv.type == GGUFValueType.STRING:
             found[key] = metadata_file(kv)[:-1].decode("utf-8", "surrogateescape")
+        elif kv.text is not None:
+            found[key] = kv.text  # the JSON of strings that are all UTF-8: nothing to escape
         else:
-            found[key] = _json_bytes(texts[key]).decode("utf-8")
+            found[key] = (encoded[key] if encoded is not None else encoded_json(kv)).decode("utf-8")
     return found
 
 
@@ -832,9 +1067,10 @@ class _Gguf(Format):
 
 def _decoder(kind: GgmlType) -> Callable[[memoryview, memoryview], None]:
     """Decoding whole blocks of ``kind`` to float32: ``gguf.quants.dequantize``, as ggml computes them."""
+    from gguf.constants import GGMLQuantizationType as PackageType  # the package's own, which dequantize keys by
     from gguf.quants import dequantize
 
-    qtype = GGMLQuantizationType(kind.id)
+    qtype = PackageType(kind.id)
 
     def decode(source: memoryview, out: memoryview) -> None:
         with np.errstate(all="ignore"):  # NaN and inf scales give NaN and inf values, as ggml's do: no warning

@@ -20,7 +20,8 @@ URLs obstore presigns), else (an S3 object pinned by its VersionId) obstore too.
   little back, up to 16 MiB forward), not by the span they read. One that starts a span at its first byte
   gets a window of blocks fetched in parallel ahead of it, doubling up to ``max_window``, within the span;
   once it goes on into the next span, the window runs on across spans. A reader that lands inside a span
-  (or in a header) gets exactly the bytes it asks for until it has read on a while (``_read_ahead``).
+  (or in a header) gets exactly the bytes it asks for until it has read on a while (``stfs.sources.streams``
+  follows the readers, ``_read_ahead`` fetches ahead of them).
 * **Faults**: every fetch runs on a worker thread and is retried with backoff (resets, timeouts, 5xx,
   429) until ``timeout`` seconds have passed since the read began; then the read fails with EIO.
   The mount stays up and serves again once the server does.
@@ -46,10 +47,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import stopping
-from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, PAGE, FileInfo, Kind, SharedBlocks, SourceChanged
+from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SharedBlocks, SourceChanged
 from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache, gaps
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
+from .streams import BACKWARD_SLACK, FIRST_WINDOW, Stream, fetch_ahead, follow
 
 if TYPE_CHECKING:
     from .http_client import HttpClient, ResolvingClient, SignedClient
@@ -59,15 +61,8 @@ log = logging.getLogger(__name__)
 MIB = 1 << 20
 DEFAULT_BLOCK_SIZE = 8 * MIB
 FIRST_READ = 100_000  # the Hub's own metadata reader asks for this much: most headers fit
-FORWARD_SLACK = 16 * MIB  # the kernel's readahead may skip ahead this far and still be one sequential reader
-JUMP_SLACK = 2 * MIB  # the same for a reader not yet sequential: two requests taken out of order, not a jump
-BACKWARD_SLACK = 1 * MIB
-FIRST_WINDOW = 2  # blocks fetched ahead of a reader that has just shown it is sequential
 MAX_WINDOW_BYTES = 64 * MIB  # fetched ahead at most (into the cache's slots): 8 GETs in flight hide 20 ms each
-JUMP_PROOF = 16 * MIB  # read on from a jump before it counts as sequential (a 4 MiB tensor through mmap never does)
-HEADER_PROOF = 2 * MIB  # the same from a header (the first read's bytes): dd of files/ is sequential from there
 PREFAULT_EXTRA = 4  # slots faulted in at mount: twice the window and these (a reader's own, lent to pipes...)
-MAX_STREAMS = 8  # readers followed per file
 SMALLEST_GET = 256 << 10  # through obstore, the smallest GET on a slow link, and the least that tells a rate
 BRIDGE = 256 << 10  # gaps in what the disk cache holds closer than this are fetched in one request
 KEEP_WAIT = 10.0  # seconds a closing source waits for the pieces it is writing to the disk cache
@@ -230,7 +225,7 @@ class RemoteFiles:
         slots = max(4, cache_size // self.block_size)
         self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES // self.block_size, slots // 4))
         self._fetching: dict[tuple[str, int, int, int], Future] = {}
-        self._streams: dict[str, list[_Stream]] = {}  # key -> its readers, most recent last
+        self._streams: dict[str, list[Stream]] = {}  # key -> its readers, most recent last (``streams``)
         self._lent: dict[int, list[tuple[Slot, Any]]] = {}  # pipe -> the slots whose pages it holds
         self._pool: ThreadPoolExecutor | None = None
         self._keep_pool: ThreadPoolExecutor | None = None
@@ -740,41 +735,14 @@ class RemoteFiles:
         end = offset + count
         cache = self._block_cache()  # made before the lock is taken
         with self._lock:
-            streams = self._streams.setdefault(pin.key, [])
-            stream = next((s for s in streams if _follows(s, offset)), None)
-            if stream is None:
-                # A read in the first read's bytes is a header's (safe_open reads it, then jumps): not yet a reader
-                # of the file from its start.
-                stream = _Stream(end, low, high, jump=offset != low or offset < len(pin.head))
-                stream.proof = HEADER_PROOF if offset < len(pin.head) else JUMP_PROOF
-                left = next((s for s in streams if s.jump and _near(s, offset, FORWARD_SLACK)), None)
-                if left is not None:  # a reader not yet sequential that jumped on from there: this one, anew
-                    streams.remove(left)
-                streams.append(stream)
-                if len(streams) > MAX_STREAMS:
-                    del streams[0]
-            else:
-                streams.remove(stream)
-                streams.append(stream)
-                # On into the next span: a whole-file reader. For one that started at its span's first byte, where
-                # that span ends, not where it was last seen: stfs._native answers the reads of blocks already here
-                # without telling this code. (A jump stays one until it has read to the end of its span.)
-                ends = (stream.next,) if stream.jump else (stream.next, stream.high)
-                if low != stream.low and any(abs(end - low) <= PAGE for end in ends):
-                    stream.crossed, stream.jump, stream.low, stream.high = True, False, low, high
-                elif low != stream.low:  # another span, not the next one: a new start
-                    streams[-1] = stream = _Stream(end, low, high, jump=offset != low)
-                stream.read += max(0, end - stream.next)
-                stream.next = max(stream.next, end)
+            stream, followed = follow(self._streams.setdefault(pin.key, []), offset, end, low, high, len(pin.head))
+            if followed:
                 behind = (stream.next - BACKWARD_SLACK) // self.block_size  # blocks before it are done with
                 for block in range(max(stream.passed, behind - PASSED_SCAN), behind):
                     cache.pass_by((pin.key, block))
                 stream.passed = max(stream.passed, behind)
-            if stream.jump:
-                if stream.read < stream.proof:
-                    return None
-                stream.jump = False
-            stream.window = FIRST_WINDOW if stream.window == 0 else min(stream.window * 2, self.max_window)
+            if not fetch_ahead(stream, self.max_window):
+                return None
             clip = (0, pin.size) if stream.crossed else (low, high)
             first = offset // self.block_size
             last = min(-(-clip[1] // self.block_size), (end - 1) // self.block_size + 1 + stream.window)
@@ -848,35 +816,6 @@ class RemoteFiles:
                 if self._store is None:
                     self._store = self.transport.make_store()
         return self._store
-
-
-class _Stream:
-    """One reader of a file: where it is, the span it is in, and how far ahead of it to fetch."""
-
-    __slots__ = ("next", "low", "high", "jump", "proof", "crossed", "window", "read", "passed")
-
-    def __init__(self, next_offset: int, low: int, high: int, jump: bool) -> None:
-        self.next = next_offset
-        self.low, self.high = low, high  # the span (tensor) it reads now
-        self.jump = jump  # it started inside a span (or a header): exactly what it asks until ``proof`` bytes on
-        self.proof = JUMP_PROOF
-        self.crossed = False  # it went on from one span into the next: its window crosses spans
-        self.window = 0
-        self.read = 0
-        self.passed = 0  # blocks before this one have been marked as read past (``SlotCache.pass_by``)
-
-
-def _follows(stream: _Stream, offset: int) -> bool:
-    """Whether a read at ``offset`` goes on with ``stream``: near where it is (the kernel's readahead skips pages
-    already cached, up to ``FORWARD_SLACK``), or, while it has not yet shown it is sequential (a jump, a header),
-    within ``JUMP_SLACK`` of where it left off (requests the thread pool took out of order): a longer gap is
-    another jump. (safe_open reads the header, then faults in the tensor it wants a few MiB on: counted as one
-    reader, the gap made it sequential, and it fetched ahead far past the tensor.)"""
-    return _near(stream, offset, JUMP_SLACK if stream.jump else FORWARD_SLACK)
-
-
-def _near(stream: _Stream, offset: int, ahead: int) -> bool:
-    return stream.next - BACKWARD_SLACK <= offset <= stream.next + ahead
 
 
 def _write_some(pipe: int, data: bytes) -> int:
