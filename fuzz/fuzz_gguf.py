@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mutation fuzzing of the GGUF reader (stfs/formats/gguf.py) on files gguf-py's GGUFWriter writes.
+"""Mutation fuzzing of the GGUF reader (stfs/formats/gguf/) on files gguf-py's GGUFWriter writes.
 
     python3 fuzz/fuzz_gguf.py --seconds 600 --out /work/wt-gguf-scratch/fuzz
     python3 fuzz/fuzz_gguf.py --replay /work/wt-gguf-scratch/fuzz/findings/crash-*.gguf

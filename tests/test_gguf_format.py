@@ -1,4 +1,4 @@
-"""The GGUF reader (stfs/formats/gguf.py): files gguf-py writes read as gguf-py reads them; one hand-made broken file
+"""The GGUF reader (stfs/formats/gguf/): files gguf-py writes read as gguf-py reads them; one hand-made broken file
 per rule of llama.cpp's reader (SPEC §11); the valid edge cases; split sets; header.json; reads that grow."""
 
 from __future__ import annotations
