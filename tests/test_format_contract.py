@@ -31,18 +31,10 @@ def write_safetensors(stem: Path, arrays: Arrays) -> Path:
 
 
 def write_gguf(stem: Path, arrays: Arrays) -> Path:
-    from gguf import GGUFWriter
+    from tests.test_gguf_format import write
 
-    path = stem.with_suffix(".gguf")
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_string("general.name", "contract")
-    for name, array in arrays.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    tensors = {name: (array, None) for name, array in arrays.items()}
+    return write(stem.with_suffix(".gguf"), tensors, general__name="contract")
 
 
 def write_pytorch(stem: Path, arrays: Arrays) -> Path:
