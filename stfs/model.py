@@ -138,8 +138,8 @@ def source_files(key: str, source: ByteSource, models: list[Model]) -> list[Sour
 def _other_files(model: Model) -> Iterator[str]:
     """The keys of the files beside its headers' that a model's tensors lie in (an ONNX model's external data)."""
     for shard in model.shards:
-        if shard.header.elsewhere:
-            yield from (place(shard.header, entry)[0] for entry in shard.header.tensors if entry.file is not None)
+        folder = parent_key(shard.header.path)
+        yield from (join_key(folder, file) for file in shard.header.other_files)
 
 
 def read_header(key: str, source: ByteSource | None = None) -> Header:
@@ -159,7 +159,7 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
     fetch = _Fetcher(source, key)
     read = formats.identify(key, fetch, info.size).read_header
     header = read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
-    if header.elsewhere:
+    if header.other_files:
         _check_other_files(header, source)
     return header
 
@@ -339,7 +339,7 @@ def place(header: Header, entry: TensorEntry) -> tuple[str, int]:
 def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
     header = shard.header
     for entry in header.tensors:
-        file, start = place(header, entry) if header.elsewhere else (header.path, header.data_start)
+        file, start = place(header, entry) if header.other_files else (header.path, header.data_start)
         yield Tensor(
             name=entry.name,
             dtype=entry.dtype,

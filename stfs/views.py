@@ -99,7 +99,7 @@ def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
         header = shard.header
         data, mtime = ShardData(header.path, header.data_start), header.mtime_ns
         inodes = tree.take_inodes(len(header.tensors))
-        if header.scattered or header.elsewhere:  # some tensor's bytes are gathered, or in another file
+        if header.scattered or header.other_files:  # some tensor's bytes are gathered, or in another file
             for inode, entry in zip(inodes, header.tensors, strict=True):
                 source = _source(*place(header, entry), entry)
                 stored = data if type(source) is Range and entry.file is None else (source,)
@@ -189,7 +189,7 @@ def _tensors(model: Model) -> Iterator[tuple[str, int, int, TensorEntry]]:
     for shard in model.shards:
         header = shard.header
         for entry in header.tensors:
-            key, start = place(header, entry) if header.elsewhere else (header.path, header.data_start)
+            key, start = place(header, entry) if header.other_files else (header.path, header.data_start)
             yield key, start, header.mtime_ns, entry
 
 

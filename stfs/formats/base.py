@@ -87,7 +87,9 @@ class Header:
     format: str = "safetensors"  # the name of the ``Format`` that read it
     check_problems: tuple[str, ...] = ()  # lines ``stfs check`` fails on though a mount serves the file
     scattered: bool = False  # some tensor's bytes are not one range of the file (``TensorEntry.scattered``)
-    elsewhere: bool = False  # some tensor's bytes lie in another file (``TensorEntry.file``)
+    # Other files of its folder the model's tensors lie in (an ONNX model's external data), relative to that folder:
+    # each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows them all.
+    other_files: tuple[str, ...] = ()
 
     @property
     def data_size(self) -> int:

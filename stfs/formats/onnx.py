@@ -30,10 +30,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .. import errors
-from .base import Format, Header, RangeFetcher, Read, TensorEntry
+from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable
 from .dtypes import DTYPE_BITS
 
-WINDOW = 64 << 10  # bytes read at once while walking the framing (a payload longer than this is passed over)
+# Bytes read at once while walking the framing: a window after a jump over a payload, doubled while the walk reads
+# on from where the last ended (the nodes of a large graph), up to the most. A payload past a window is not read.
+WINDOW = 4 << 10
+MAX_WINDOW = 1 << 20
 MAX_NESTING = 100  # messages nested in each other: protobuf's default recursion limit, which onnx's parser keeps
 HELD_LIMIT = 64 << 20  # bytes of tensors kept in typed fields that one model may hold in memory
 U64_MAX = 2**64 - 1
@@ -96,15 +99,18 @@ class _Window:
     """The bytes of a file through a range fetcher, ``WINDOW`` at a time from where they are asked for: the framing
     of the fields walked is read, the payloads passed over never are."""
 
-    def __init__(self, fetch: RangeFetcher, size: int, path: str, window: int) -> None:
+    def __init__(self, fetch: RangeFetcher, size: int, path: str, first_read: int) -> None:
         self.fetch = fetch
         self.size = size
         self.path = path
-        self.window = window
+        self.window = max(WINDOW, first_read)  # the first: what the source would read of a header at once
         self.buffer = b""
         self.at = 0  # the file offset of buffer[0]
 
     def _load(self, offset: int, count: int) -> None:
+        if self.buffer:
+            on = offset == self.at + len(self.buffer)
+            self.window = min(2 * self.window, MAX_WINDOW) if on else WINDOW
         self.buffer = self.fetch(offset, max(count, min(self.window, self.size - offset)))
         self.at = offset
         if len(self.buffer) < count:
@@ -348,6 +354,7 @@ class _Tensors:
         self.onnx = onnx
         self.held = 0
         self.names: set[str] = set()
+        self.files: dict[str, None] = {}  # every external data file, in the order first named
         self.entries: list[OnnxEntry] = []
         self.warnings: list[str] = []
 
@@ -359,7 +366,9 @@ class _Tensors:
 
     def add(self, found: _Found) -> None:
         proto = self.decode(found.kept, f"the tensor at byte {found.start}")
-        name = found.output or proto.name
+        name = found.output or _string(proto.name)
+        if not encodable(name):
+            raise errors.InvalidProtobuf(self.path, f"tensor name {name!r} is not UTF-8, as protobuf's strings are")
         data_type = found.data_type
         names = self.onnx.TensorProto.DataType
         if data_type is None or data_type == 0 or data_type not in names.values():
@@ -372,25 +381,25 @@ class _Tensors:
         count = math.prod(dims)
         if count > U64_MAX:
             raise errors.InvalidDims(self.path, f"dims {dims} hold more than 2^64 values", name)
+        external = None
+        if proto.HasField("data_location") and proto.data_location == EXTERNAL:
+            external = self.external(proto, name)  # every location is checked: files/ shows every data file
+            self.files.setdefault(posixpath.normpath(external[0]))
         dtype = DTYPES.get(data_type)
-        left_out = None
         if dtype is None:
-            left_out = f"its data_type {type_name} has no safetensors dtype"
-        elif count * DTYPE_BITS[dtype] % 8:
-            left_out = f"{count} values of {type_name} are not whole bytes, which a safetensors tensor must be"
-        elif proto.HasField("segment"):
-            left_out = "it is a segment of a tensor, which onnx's numpy_helper does not read either"
-        elif name in self.names:
-            left_out = "an earlier tensor of the model has its name"
-        if left_out is not None or dtype is None:
-            self.warnings.append(f"{self.path}: tensor {name!r} is left out: {left_out}")
-            return
+            return self.leave_out(name, f"its data_type {type_name} has no safetensors dtype")
+        if count * DTYPE_BITS[dtype] % 8:
+            return self.leave_out(name, f"{count} values of {type_name} are not whole bytes, as a safetensors dtype's")
+        if proto.HasField("segment"):
+            return self.leave_out(name, "it is a segment of a tensor, which onnx's numpy_helper does not read either")
+        if name in self.names:
+            return self.leave_out(name, "an earlier tensor of the model has its name")
         self.names.add(name)
         size = count * DTYPE_BITS[dtype] // 8
         need = f"dims {dims} of {type_name} need {size} bytes"
         common = (name, dtype, tuple(dims))
-        if proto.HasField("data_location") and proto.data_location == EXTERNAL:
-            location, offset, length = self.external(proto, name)
+        if external is not None:
+            location, offset, length = external
             if length is not None and length != size:
                 raise errors.TensorLengthMismatch(self.path, f"its external data's length is {length}; {need}", name)
             self.entries.append(OnnxEntry(*common, offset, offset + size, type_name, location))
@@ -401,11 +410,15 @@ class _Tensors:
             self.entries.append(OnnxEntry(*common, begin, end, type_name))
         else:
             self.typed(found, proto, common, count, size, type_name)
+        return None
+
+    def leave_out(self, name: str, why: str) -> None:
+        self.warnings.append(f"{self.path}: tensor {name!r} is left out: {why}")
 
     def external(self, proto: Any, name: str) -> tuple[str, int, int | None]:
         """``location`` (relative to the model's folder and inside it), ``offset`` and ``length`` (or ``None``) of a
         tensor's external data; the last of a key written twice counts, as onnx's ``ExternalDataInfo`` reads them."""
-        info = {entry.key: entry.value for entry in proto.external_data}
+        info = {_string(entry.key): _string(entry.value) for entry in proto.external_data}
         location = info.get("location")
         if not location:
             raise errors.InvalidExternalData(self.path, "its data_location is EXTERNAL but it has no location", name)
@@ -505,15 +518,22 @@ def _metadata(proto: Any, path: str, warnings: list[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
         if proto.HasField(field):
-            found[field] = str(getattr(proto, field))
+            found[field] = _string(getattr(proto, field))
     for opset in proto.opset_import:
-        found[f"opset.{opset.domain or 'ai.onnx'}"] = str(opset.version)
+        found[f"opset.{_string(opset.domain) or 'ai.onnx'}"] = str(opset.version)
     for prop in proto.metadata_props:
-        if prop.key in found:
-            warnings.append(f"{path}: metadata_props key {prop.key!r} is left out: the model's {prop.key} took it")
+        key = _string(prop.key)
+        if key in found:
+            warnings.append(f"{path}: metadata_props key {key!r} is left out: the model's {key} took it")
             continue
-        found[prop.key] = prop.value
+        found[key] = _string(prop.value)
     return found
+
+
+def _string(value: str | bytes | int) -> str:
+    """A protobuf string field as text: the onnx package gives bytes for one that is not UTF-8 (kept as surrogate
+    escapes, which ``metadata/`` writes back as those bytes)."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
 def header_json(entries: list[OnnxEntry], metadata: dict[str, str]) -> bytes:
@@ -536,7 +556,7 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
     each ``begin``/``end`` absolute in its file), ``metadata/`` and ``header.json`` made in the safetensors schema,
     and a warning for each tensor left out."""
     onnx = _onnx(path)
-    window = _Window(fetch, file_size, path, max(WINDOW, first_read))
+    window = _Window(fetch, file_size, path, first_read)
     walker = _Walker(window)
     walker.model()
     tensors = _Tensors(window, onnx)
@@ -562,7 +582,7 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         warnings=tuple(warnings),
         format="onnx",
         scattered=any(entry.held is not None for entry in entries),
-        elsewhere=any(entry.location is not None for entry in entries),
+        other_files=tuple(tensors.files),
     )
 
 
