@@ -1,8 +1,8 @@
 """The format contract: the same cases over every format stfs reads, as test_source_contract.py runs one suite over
 every source. A format is one module of ``stfs/formats/`` (``formats.REGISTRY``); each case here holds for a file
-its real writer made (safetensors, gguf-py's GGUFWriter, torch.save, onnx.save_model) through a real mount and the real commands:
-tensors, bytes, xattrs, header.json, metadata/, views, info, check, check --values, diff (within a format and
-across formats), and refusal in one line of a file cut short."""
+its real writer made (safetensors, gguf-py's GGUFWriter, torch.save, onnx.save_model) through a real mount and the
+real commands: tensors, bytes, xattrs, header.json, metadata/, views, info, check, check --values, diff (within a
+format and across formats), and refusal in one line of a file cut short."""
 
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ def test_no_module_outside_formats_names_a_format() -> None:
     """No import, call or attribute of a format's module outside ``stfs/formats/``: the rest asks ``formats``."""
     names = "|".join(module for module, _, _ in formats.REGISTRY)
     pattern = re.compile(
-        rf"\bformats\.({names})\b|\bformats import .*\b({names})\b|^\s*import ({names})\b|(?<![.\w/-])({names})\.[A-Za-z_]"
+        rf"\bformats\.({names})\b|\bformats import .*\b({names})\b|^\s*import ({names})\b"
+        rf"|(?<![.\w/-])({names})\.[A-Za-z_]"
     )
     offenders = []
     for path in PACKAGE.rglob("*.py"):
