@@ -255,6 +255,10 @@ def test_external_data_is_served_from_its_files(tmp_path: Path, mount: MountFn, 
     )
     assert files == on_disk and len(files) > 1
     assert Path(mnt, "files", location).read_bytes() == data_file.read_bytes()
+    loaded = onnx.load(str(Path(mnt, "files", "model.onnx")))  # the onnx package loads it through the mount
+    assert {name: a.tobytes() for name, a in expected(loaded).items()} == {
+        name: a.tobytes() for name, a in expected(onnx.load(str(source))).items()
+    }
 
     folder_mnt = mount(str(folder))  # the folder: one model, its data files not models of their own
     assert Path(folder_mnt, "tensors", "model", "embed", "weight").read_bytes() == weight.read_bytes()
