@@ -478,6 +478,30 @@ def test_every_cut_and_every_changed_byte_is_a_model_or_one_named_error() -> Non
             read(data[:at] + bytes([value]) + data[at + 1 :])
 
 
+def test_tensors_in_typed_fields_past_the_bound_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Typed fields are made into bytes held in memory: past ``HELD_LIMIT`` (64 MiB; 64 bytes here) a model is
+    refused, naming the tensor that crosses it. A packed ``float_data`` is a range of the file: never held."""
+    graph = helper.make_graph(
+        [],
+        "g",
+        [],
+        [],
+        [
+            helper.make_tensor("floats", TensorProto.FLOAT, [32], [1.0] * 32),
+            helper.make_tensor("first", TensorProto.FLOAT16, [16], [1.0] * 16),
+            helper.make_tensor("second", TensorProto.FLOAT16, [16], [2.0] * 16),
+        ],
+    )
+    data = helper.make_model(graph).SerializeToString()
+    monkeypatch.setattr(onnx_format, "HELD_LIMIT", 64)
+    with pytest.raises(errors.TypedDataTooLarge) as refused:
+        onnx_format.fetch_header(lambda o, s: data[o : o + s], path="m.onnx", file_size=len(data))
+    assert refused.value.tensor == "second"
+    monkeypatch.setattr(onnx_format, "HELD_LIMIT", 128)
+    header = onnx_format.fetch_header(lambda o, s: data[o : o + s], path="m.onnx", file_size=len(data))
+    assert [entry.held is not None for entry in header.tensors] == [False, True, True]
+
+
 def nested_model(levels: int) -> bytes:
     """Loop bodies ``levels`` deep (graph, node, attribute: three messages a level) around an initializer ``w``,
     written field by field: onnx's own helper cannot nest them past protobuf's limit."""

@@ -463,14 +463,7 @@ class _Tensors:
             self.entries.append(OnnxEntry(*common, found.start, found.start, type_name))
             return
         stored = sum(end - start for _, start, _, end in runs)
-        self.held += max(stored, size)
-        if self.held > HELD_LIMIT:
-            raise errors.TypedDataTooLarge(
-                self.path,
-                f"its {field} and those before it take {self.held} bytes, more than the {HELD_LIMIT} stfs holds in "
-                "memory for a model: save it with raw_data (numpy_helper.from_array) or external data",
-                name,
-            )
+        self.hold(self.held + stored, field, name)  # what decoding takes, before it is decoded
         values = b"".join(self.window.get(start, end - start) for _, start, _, end in runs)
         whole = self.decode(found.kept + values, f"tensor {name!r}'s {field}")
         held = len(getattr(whole, field))
@@ -481,10 +474,22 @@ class _Tensors:
             raise errors.TensorLengthMismatch(
                 self.path, f"{field} holds {held} values; {_values(common[2], type_name)}", name
             )
+        self.held = self.hold(self.held + size, field, name)
         data = _packed(self.onnx.numpy_helper.to_array(whole), dtype)
         self.entries.append(
             OnnxEntry(*common, runs[0][2], runs[0][2] + len(data), type_name, None, Held(runs[0][2], data))
         )
+
+    def hold(self, total: int, field: str, name: str) -> int:
+        """``total`` bytes of tensors from typed fields held in memory, if within ``HELD_LIMIT``."""
+        if total > HELD_LIMIT:
+            raise errors.TypedDataTooLarge(
+                self.path,
+                f"its {field} and the typed fields before it take {total} bytes, more than the {HELD_LIMIT} stfs "
+                "holds in memory for a model: save it with raw_data (numpy_helper.from_array) or external data",
+                name,
+            )
+        return total
 
 
 def _values(dims: tuple[int, ...], type_name: str) -> str:
