@@ -42,7 +42,7 @@ def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stfs",
-        description="Mount model weights (safetensors, GGUF, PyTorch checkpoints) read-only, every tensor an "
+        description="Mount model weights (safetensors, GGUF, PyTorch checkpoints, ONNX) read-only, every tensor an "
         "ordinary file; list, validate and compare them. SOURCE is "
         + SOURCE_HELP
         + ". `stfs SOURCE MNT -o OPTIONS` is stfs mount as mount(8) runs "
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="add npy/ (each tensor a .npy file), f32/ (float tensors as float32), stats/ (each tensor's "
         "statistics as JSON), png/ (a heatmap of each tensor) or safetensors/ (at the root: the source with each "
-        "PyTorch checkpoint as a safetensors file); may be repeated",
+        "PyTorch checkpoint or ONNX model as a safetensors file); may be repeated",
     )
     mount.add_argument("--log-file", metavar="PATH", help="daemon log (default: $XDG_RUNTIME_DIR/stfs...log)")
     mount.add_argument(

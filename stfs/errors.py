@@ -428,3 +428,99 @@ class TensorOutOfStorage(PytorchError):
     """A tensor's elements reach bytes outside its storage."""
 
     rule_text = "tensor inside its storage"
+
+
+class DataFileError(FormatError):
+    """A tensor's bytes lie in another file of the model's folder (an ONNX model's external data), and that file
+    cannot hold them. Checked for every format by ``model``, once the format has read the header."""
+
+    rule_text = "data file"
+
+    def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
+        self.path = path
+        self.detail = detail
+        self.tensor = tensor
+        where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
+        StfsError.__init__(self, f"{where}{self.rule_text} ({type(self).__name__}): {detail}")
+
+
+class MissingDataFile(DataFileError):
+    """The file a tensor's bytes lie in is not there (or is not a regular file)."""
+
+
+class DataFileTooShort(DataFileError):
+    """The file a tensor's bytes lie in ends before them."""
+
+
+class OnnxError(FormatError):
+    """An ONNX model is refused (SPEC §13): its protobuf is broken, or a tensor breaks a rule of onnx's reader.
+
+    ``rule_text`` names the rule in a few words; the message names the file, the tensor where there is one, and why.
+    """
+
+    rule_text = "invalid ONNX model"
+
+    def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
+        self.path = path
+        self.detail = detail
+        self.tensor = tensor
+        where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
+        StfsError.__init__(self, f"{where}ONNX {self.rule_text} ({type(self).__name__}): {detail}")
+
+
+class OnnxUnavailable(OnnxError):
+    """The ``onnx`` package, which decodes an ONNX model's messages, is not installed."""
+
+    rule_text = "needs the onnx package"
+    refutes_format = True  # a folder's .onnx file is then left in files/, not a model
+
+
+class TruncatedProtobuf(OnnxError):
+    """A field's length or a varint runs past the end of the message holding it, or of the file."""
+
+    rule_text = "protobuf inside the file"
+
+
+class InvalidProtobuf(OnnxError):
+    """The bytes are not protobuf as onnx's messages are: a wire type or field number protobuf has not, a varint
+    over 10 bytes, messages nested past protobuf's limit, a message the onnx package refuses to decode."""
+
+    rule_text = "protobuf"
+
+
+class UnknownDataType(OnnxError):
+    """A tensor's ``data_type`` is not one of ``TensorProto.DataType`` (or is ``UNDEFINED``)."""
+
+    rule_text = "known data_type"
+
+
+class InvalidDims(OnnxError):
+    """A tensor's ``dims`` hold a negative number, or their product overflows 64 bits."""
+
+    rule_text = "dims"
+
+
+class TensorLengthMismatch(OnnxError):
+    """A tensor's bytes (``raw_data``, the ``length`` of its external data, the values of its typed field) are not
+    its ``dims`` times its type's size."""
+
+    rule_text = "length of dims x the type's size"
+
+
+class InvalidExternalData(OnnxError):
+    """A tensor whose ``data_location`` is ``EXTERNAL`` lacks a ``location``, or its ``offset`` or ``length`` is not
+    a non-negative integer."""
+
+    rule_text = "external data"
+
+
+class LocationOutsideFolder(OnnxError):
+    """An external data ``location`` is absolute, empty, or climbs out of the model's folder with ``..``."""
+
+    rule_text = "external data inside the model's folder"
+
+
+class TypedDataTooLarge(OnnxError):
+    """The tensors a model keeps in typed fields (``int32_data``, ...) would need more than stfs holds in memory."""
+
+    rule_text = "typed fields within bounds"

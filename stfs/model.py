@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from . import errors, formats
-from .formats import INDEX_SUFFIXES, MODEL_SUFFIXES, Format, Header, Scattered, encodable
+from .formats import INDEX_SUFFIXES, MODEL_SUFFIXES, Format, Header, Scattered, TensorEntry, encodable
 from .progress import Progress
 from .sources import ByteSource, Kind, LocalFiles, base_name, join_key, parent_key, relative_key
 
@@ -123,6 +123,7 @@ def source_files(key: str, source: ByteSource, models: list[Model]) -> list[Sour
         else:
             root = parent_key(key)
             keys = [key] + [shard.header.path for model in models if model.is_sharded for shard in model.shards]
+            keys += [file for model in models for file in _other_files(model)]
         files = []
         for file in dict.fromkeys(keys):
             if source.kind(file) is not Kind.FILE:
@@ -132,6 +133,13 @@ def source_files(key: str, source: ByteSource, models: list[Model]) -> list[Sour
     except OSError as exc:
         raise errors.SourceError(f"{key}: cannot list its files: {exc.strerror or exc}") from None
     return sorted(files, key=lambda file: file.path)
+
+
+def _other_files(model: Model) -> Iterator[str]:
+    """The keys of the files beside its headers' that a model's tensors lie in (an ONNX model's external data)."""
+    for shard in model.shards:
+        folder = parent_key(shard.header.path)
+        yield from (join_key(folder, file) for file in shard.header.other_files)
 
 
 def read_header(key: str, source: ByteSource | None = None) -> Header:
@@ -150,7 +158,34 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
 
     fetch = _Fetcher(source, key)
     read = formats.identify(key, fetch, info.size).read_header
-    return read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
+    header = read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
+    if header.other_files:
+        _check_other_files(header, source)
+    return header
+
+
+def _check_other_files(header: Header, source: ByteSource) -> None:
+    """Each other file a tensor's bytes lie in (``TensorEntry.file``) is a file that holds them; stat'ing it pins it
+    for the mount, as its header's file is."""
+    sizes: dict[str, int | None] = {}
+    for entry in header.tensors:
+        if entry.file is None:
+            continue
+        key = place(header, entry)[0]
+        if key not in sizes:
+            try:
+                sizes[key] = source.stat(key).size if source.kind(key) is Kind.FILE else None
+            except OSError:
+                sizes[key] = None
+        size = sizes[key]
+        if size is None:
+            raise errors.MissingDataFile(header.path, f"its bytes are in {entry.file!r}, which is missing", entry.name)
+        if entry.end > size:
+            raise errors.DataFileTooShort(
+                header.path,
+                f"its bytes are [{entry.begin}, {entry.end}) of {entry.file!r}, which is {size} bytes",
+                entry.name,
+            )
 
 
 class _Fetcher:
@@ -293,15 +328,24 @@ def resolve(key: str, source: ByteSource | None = None, progress: Progress | Non
         progress.finish()
 
 
+def place(header: Header, entry: TensorEntry) -> tuple[str, int]:
+    """The key of the file a tensor's bytes lie in, and where its ``begin`` counts from there: its header's file
+    and data section, or the other file of that folder its format names (``TensorEntry.file``) from its start."""
+    if entry.file is None:
+        return header.path, header.data_start
+    return join_key(parent_key(header.path), entry.file), 0
+
+
 def _tensors_of(shard: Shard, sharded: bool) -> Iterator[Tensor]:
     header = shard.header
     for entry in header.tensors:
+        file, start = place(header, entry) if header.other_files else (header.path, header.data_start)
         yield Tensor(
             name=entry.name,
             dtype=entry.dtype,
             shape=entry.shape,
-            file=header.path,
-            offset=header.data_start + entry.begin,
+            file=file,
+            offset=start + entry.begin,
             size=entry.size,
             shard=shard.name if sharded else None,
             scattered=entry.scattered,

@@ -332,6 +332,8 @@ def tensor_xattrs(node: FileNode) -> dict[str, bytes]:
         prefix + "file": source.key.encode("utf-8", "surrogateescape"),
         prefix + "offset": str(source.offset).encode(),
     }
+    for name, value in tensor.xattrs.items():  # what its format adds (an ONNX tensor's data_type, ...)
+        xattrs[prefix + name] = value.encode("utf-8", "surrogateescape")
     if node.view is not None:
         xattrs["user.stfs.view"] = node.view.encode()
     return xattrs

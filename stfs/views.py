@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from . import formats
 from .errors import TreeError
 from .formats import Header, TensorEntry
-from .model import Model, SourceFile
+from .model import Model, SourceFile, place
 from .nodes import Decoded, FileNode, Gathered, Range, Segment, ShardData, Summary
 from .readahead import jump_window_kb
 from .tree import Tree, escape_component
@@ -99,10 +99,10 @@ def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
         header = shard.header
         data, mtime = ShardData(header.path, header.data_start), header.mtime_ns
         inodes = tree.take_inodes(len(header.tensors))
-        if header.scattered:  # some tensor's bytes are gathered, not one range
+        if header.scattered or header.other_files:  # some tensor's bytes are gathered, or in another file
             for inode, entry in zip(inodes, header.tensors, strict=True):
-                source = _source(header.path, 0, entry)
-                stored = data if type(source) is Range else (source,)
+                source = _source(*place(header, entry), entry)
+                stored = data if type(source) is Range and entry.file is None else (source,)
                 files.append(FileNode(inode, mtime, stored, entry, None, entry.end - entry.begin))
             continue
         # the hot loop of a mount (one node per tensor): no calls it can avoid
@@ -189,7 +189,8 @@ def _tensors(model: Model) -> Iterator[tuple[str, int, int, TensorEntry]]:
     for shard in model.shards:
         header = shard.header
         for entry in header.tensors:
-            yield header.path, header.data_start, header.mtime_ns, entry
+            key, start = place(header, entry) if header.other_files else (header.path, header.data_start)
+            yield key, start, header.mtime_ns, entry
 
 
 def _source(key: str, start: int, entry: TensorEntry) -> Range | Gathered:
@@ -251,7 +252,7 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
         segments: tuple[Segment, ...]
         if name is not None and header is not None:
             parts: list[Segment] = [_safetensors_header(header)]
-            parts += [_source(file.key, header.data_start, entry) for entry in header.tensors if entry.size]
+            parts += [_source(*place(header, entry), entry) for entry in header.tensors if entry.size]
             segments = tuple(parts)
         elif name is not None and model is not None:
             segments = (_safetensors_index(model),)

@@ -1,8 +1,8 @@
 """The format contract: the same cases over every format stfs reads, as test_source_contract.py runs one suite over
 every source. A format is one module of ``stfs/formats/`` (``formats.REGISTRY``); each case here holds for a file
-its real writer made (safetensors, gguf-py's GGUFWriter, torch.save) through a real mount and the real commands:
-tensors, bytes, xattrs, header.json, metadata/, views, info, check, check --values, diff (within a format and
-across formats), and refusal in one line of a file cut short."""
+its real writer made (safetensors, gguf-py's GGUFWriter, torch.save, onnx.save_model) through a real mount and the
+real commands: tensors, bytes, xattrs, header.json, metadata/, views, info, check, check --values, diff (within a
+format and across formats), and refusal in one line of a file cut short."""
 
 from __future__ import annotations
 
@@ -45,7 +45,23 @@ def write_pytorch(stem: Path, arrays: Arrays) -> Path:
     return path
 
 
-WRITERS: dict[str, Writer] = {"safetensors": write_safetensors, "gguf": write_gguf, "pytorch": write_pytorch}
+def write_onnx(stem: Path, arrays: Arrays) -> Path:
+    import onnx
+    from onnx import helper, numpy_helper
+
+    path = stem.with_suffix(".onnx")
+    initializers = [numpy_helper.from_array(array, name) for name, array in arrays.items()]
+    graph = helper.make_graph([], "contract", [], [], initializers)
+    onnx.save_model(helper.make_model(graph, producer_name="contract"), str(path))
+    return path
+
+
+WRITERS: dict[str, Writer] = {
+    "safetensors": write_safetensors,
+    "gguf": write_gguf,
+    "pytorch": write_pytorch,
+    "onnx": write_onnx,
+}
 
 
 def test_every_registered_format_is_in_this_contract() -> None:
@@ -183,9 +199,9 @@ def test_a_file_cut_short_is_refused_in_one_line(tmp_path: Path, kind: str, cut:
 
 
 def test_a_file_of_no_format_names_the_formats_stfs_reads(tmp_path: Path, require_fuse: None) -> None:
-    source = tmp_path / "model.onnx"
-    source.write_bytes(b"\x08\x07\x12\x07pytorch\x1a\x032.1" + bytes(64))  # an ONNX ModelProto's first fields
+    source = tmp_path / "model.h5"
+    source.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))  # a Keras model: HDF5's signature
     result = refusal(source, tmp_path)
     assert result.returncode == 1
     line = one_line(result, source)
-    assert "safetensors, GGUF or PyTorch checkpoint" in line and "rule" not in line
+    assert "safetensors, GGUF, PyTorch checkpoint or ONNX" in line and "rule" not in line

@@ -5,7 +5,7 @@ how its files are recognised (their names in a folder, a sniff of their first by
 into tensors (each one range of its file, or ``TensorEntry.scattered``), the dtypes it adds, how the files of a
 split set merge, and its name in ``--view safetensors``. ``REGISTRY`` lists the formats; nothing outside this
 package names one. Modules are imported when a file of theirs is met (the ``gguf`` package takes a fifth of a
-second to import).
+second to import; the ``onnx`` package, which only ONNX models need, is imported when one is read).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("safetensors", (".safetensors",), (".safetensors.index.json",)),
     ("gguf", (".gguf",), ()),
     ("pytorch", (".bin", ".pt", ".pth", ".ckpt"), (".bin.index.json",)),
+    ("onnx", (".onnx",), ()),
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)

@@ -55,6 +55,17 @@ class TensorEntry:
         """How its bytes are gathered in C order where they are not the one range ``begin``..``end``."""
         return None
 
+    @property
+    def file(self) -> str | None:
+        """The file its bytes lie in where that is not its header's (an ONNX model's external data): a path
+        relative to the folder of the header's file, inside it; ``begin``/``end`` are then absolute in that file."""
+        return None
+
+    @property
+    def xattrs(self) -> Mapping[str, str]:
+        """Extended attributes its format adds to those of every tensor's file, by name less ``user.<namespace>.``."""
+        return {}
+
 
 @dataclass(frozen=True, slots=True)
 class Header:
@@ -76,6 +87,9 @@ class Header:
     format: str = "safetensors"  # the name of the ``Format`` that read it
     check_problems: tuple[str, ...] = ()  # lines ``stfs check`` fails on though a mount serves the file
     scattered: bool = False  # some tensor's bytes are not one range of the file (``TensorEntry.scattered``)
+    # Other files of its folder the model's tensors lie in (an ONNX model's external data), relative to that folder:
+    # each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows them all.
+    other_files: tuple[str, ...] = ()
 
     @property
     def data_size(self) -> int:
