@@ -241,8 +241,11 @@ def code_values(dtype: str) -> np.ndarray:
     """The float64 value of every code of a ``CODED`` dtype (a BOOL byte other than 0 is True, as in NumPy)."""
     if dtype in _CODE_BITS:
         return table(dtype).astype(np.float64)
+    codes = np.arange(1 << DTYPE_BITS[dtype], dtype=_unsigned(dtype))
     with np.errstate(invalid="ignore"):
-        return np.arange(1 << DTYPE_BITS[dtype], dtype=_unsigned(dtype)).view(_code_dtype(dtype)).astype(np.float64)
+        if dtype == "BF16":  # float32's upper half: no ml_dtypes (a second to import) for the commonest dtype
+            return np.left_shift(codes, 16, dtype=np.uint32).view(np.float32).astype(np.float64)
+        return codes.view(_code_dtype(dtype)).astype(np.float64)
 
 
 def _unsigned(dtype: str) -> np.dtype:

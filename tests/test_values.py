@@ -203,3 +203,34 @@ def test_bf16_table_matches_ml_dtypes() -> None:
     with np.errstate(invalid="ignore"):
         values = codes.view(ml_dtypes.bfloat16).astype(np.float64)
     assert ((codes & 0x7FFF) >= 0x7F80).tolist() == (~np.isfinite(values)).tolist()
+
+
+def test_bf16_values_stats_and_heatmaps_need_no_ml_dtypes() -> None:
+    """BF16 is float32's upper half: its values, stats/ and png/ files are made without importing ml_dtypes (a
+    second of a daemon's first read), which only the F8, F6 and F4 dtypes need."""
+    import subprocess
+    import sys
+
+    program = """
+import sys
+import numpy as np
+from stfs.chunks import TensorBytes
+from stfs.heatmap import heatmap_file, png_size
+from stfs.tensor_stats import stats_file
+from stfs.formats import TensorEntry
+from stfs.tensor_stats import stats_size
+
+data = np.arange(1 << 16, dtype=np.uint16).tobytes()
+def read(key, offset, view, span):
+    view[:] = data[offset : offset + len(view)]
+    return len(view)
+entry = TensorEntry("t", "BF16", (256, 256), 0, len(data))
+tensor = TensorBytes("k", 0, len(data), "BF16", entry.shape, read)
+import json
+assert json.loads(stats_file(tensor, stats_size(entry)))["finite"] == 65536 - 256  # 254 NaN codes, 2 infinities
+assert heatmap_file(tensor, png_size(entry.shape)).startswith(b"\\x89PNG")
+print("ml_dtypes" in sys.modules)
+"""
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
