@@ -14,7 +14,7 @@ import importlib
 from functools import cache
 
 from .. import errors
-from .base import DType, Format, Header, RangeFetcher, Scattered, SplitSet, TensorEntry, encodable
+from .base import DType, Folder, Format, Header, RangeFetcher, Scattered, SplitSet, TensorEntry, encodable
 from .dtypes import standard
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "MODEL_SUFFIXES",
     "REGISTRY",
     "DType",
+    "Folder",
     "Format",
     "Header",
     "RangeFetcher",
@@ -43,6 +44,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("gguf", (".gguf",), ()),
     ("pytorch", (".bin", ".pt", ".pth", ".ckpt"), (".bin.index.json",)),
     ("onnx", (".onnx",), ()),
+    ("dcp", (".metadata",), ()),  # a folder's .metadata: a torch.distributed.checkpoint, its .distcp files beside it
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)

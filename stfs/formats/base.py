@@ -9,7 +9,26 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
-Read = Callable[[int, int], bytes]  # (absolute offset, size) -> exactly those bytes of a tensor's file
+
+
+class Read(Protocol):
+    """How a ``Scattered`` reads: exactly ``size`` bytes from the absolute ``offset`` of its tensor's file, or of
+    ``file``, another file of that file's folder named as a header names it (a DCP tensor's chunks in several)."""
+
+    def __call__(self, offset: int, size: int, file: str | None = None) -> bytes: ...
+
+
+class Folder(Protocol):
+    """The other files of a header's folder, by name relative to it, for a format that reads them to place its
+    tensors (a DCP's ``.metadata`` names the files its tensors' chunks lie in, whose framing it reads)."""
+
+    def size(self, file: str) -> int | None:
+        """Its size, pinning it for the mount as a header's file is; ``None`` where it is not a regular file."""
+        ...
+
+    def fetcher(self, file: str) -> RangeFetcher:
+        """Its bytes, as a header's own ``fetch`` (with its ``many``, reading ranges at once)."""
+        ...
 
 
 class Scattered(Protocol):
@@ -27,7 +46,7 @@ class Scattered(Protocol):
         ...
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
-        """Fill ``view`` with its bytes in C order from ``begin``, reading its file through ``read``."""
+        """Fill ``view`` with its bytes in C order from ``begin``, reading its file (or files) through ``read``."""
         ...
 
 
@@ -58,7 +77,8 @@ class TensorEntry:
     @property
     def file(self) -> str | None:
         """The file its bytes lie in where that is not its header's (an ONNX model's external data): a path
-        relative to the folder of the header's file, inside it; ``begin``/``end`` are then absolute in that file."""
+        relative to the folder of the header's file, inside it; ``begin``/``end`` are then absolute in that file.
+        For a ``scattered`` tensor, the file of its first element (a DCP tensor's chunks lie in several)."""
         return None
 
     @property
@@ -87,8 +107,9 @@ class Header:
     format: str = "safetensors"  # the name of the ``Format`` that read it
     check_problems: tuple[str, ...] = ()  # lines ``stfs check`` fails on though a mount serves the file
     scattered: bool = False  # some tensor's bytes are not one range of the file (``TensorEntry.scattered``)
-    # Other files of its folder the model's tensors lie in (an ONNX model's external data), relative to that folder:
-    # each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows them all.
+    # Other files of its folder the model's tensors lie in (an ONNX model's external data, a DCP's .distcp files),
+    # relative to that folder: each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows
+    # them all.
     other_files: tuple[str, ...] = ()
 
     @property
@@ -122,9 +143,17 @@ class Format:
         raise NotImplementedError
 
     def read_header(
-        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
+        self,
+        fetch: RangeFetcher,
+        *,
+        path: str,
+        file_size: int,
+        mtime_ns: int = 0,
+        first_read: int = 0,
+        folder: Folder | None = None,
     ) -> Header:
-        """Read and validate the file ``path`` through ``fetch``; raise a named ``FormatError`` on a broken rule."""
+        """Read and validate the file ``path`` through ``fetch`` (and the other files of its folder it names,
+        through ``folder``); raise a named ``FormatError`` on a broken rule."""
         raise NotImplementedError
 
     def dtype(self, name: str) -> DType | None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .. import errors
-from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable
+from .base import Folder, Format, Header, RangeFetcher, Read, TensorEntry, encodable
 from .dtypes import DTYPE_BITS
 
 # Bytes read at once while walking the framing: a window after a jump over a payload, doubled while the walk reads
@@ -614,7 +614,14 @@ class _Onnx(Format):
         return len(head) >= 3 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _MODEL_TAGS
 
     def read_header(
-        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
+        self,
+        fetch: RangeFetcher,
+        *,
+        path: str,
+        file_size: int,
+        mtime_ns: int = 0,
+        first_read: int = 0,
+        folder: Folder | None = None,
     ) -> Header:
         return fetch_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
 
