@@ -18,6 +18,8 @@ from ..base import Read
 from ..pytorch.checkpoint import Tensor
 from ..pytorch.gather import GATHER_ELEMENTS, gather_into
 
+PLANES = 64  # planes (the last two dimensions) of a chunk a read puts in place one at a time, at most
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
@@ -66,7 +68,8 @@ class Assembled:
         return self.pieces[0].tensor.span
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
-        """Fill ``view`` with its bytes from ``begin`` (within its size): ``GATHER_ELEMENTS`` elements at a time."""
+        """Fill ``view`` with its bytes from ``begin`` (within its size): ``GATHER_ELEMENTS`` elements at a time, put
+        in ``view`` itself where they start and end on whole elements."""
         import numpy as np
 
         size = self.itemsize
@@ -75,41 +78,30 @@ class Assembled:
         while begin + done < end:
             first = (begin + done) // size
             stop = min((end - 1) // size + 1, first + GATHER_ELEMENTS)
-            out = np.empty((stop - first) * size, dtype=np.uint8)
-            self._fill(read, first, stop, out)
             skip = begin + done - first * size
-            length = min(end - begin - done, len(out) - skip)
-            view[done : done + length] = out[skip : skip + length].tobytes()
+            length = min(end - begin - done, (stop - first) * size - skip)
+            if skip == 0 and length == (stop - first) * size:
+                self._fill(read, first, stop, np.frombuffer(view[done : done + length], dtype=np.uint8))
+            else:
+                out = np.empty((stop - first) * size, dtype=np.uint8)
+                self._fill(read, first, stop, out)
+                view[done : done + length] = out[skip : skip + length].tobytes()
             done += length
 
     def _fill(self, read: Read, first: int, stop: int, out: NDArray[Any]) -> None:
         """Put elements ``first`` to ``stop`` (excluded) into ``out``, bytes from element ``first``."""
         import numpy as np
 
-        size = self.itemsize
         strides = _strides(self.shape)
-        item = np.dtype(f"V{size}")
         for part in self.pieces:
             if part.first >= stop:
                 break  # sorted by their first element: none after holds one of these
             if part.last < first:
                 continue
             low, high = _before(part, first, self.shape, strides), _before(part, stop, self.shape, strides)
-            if low == high:
-                continue
-            data = _piece_bytes(part, read, low, high)
-            at = _index(part, low, strides)
-            if _index(part, high - 1, strides) - at == high - 1 - low:  # one run of the tensor: a slice
-                out[(at - first) * size : (at - first + high - low) * size] = np.frombuffer(data, dtype=np.uint8)
-                continue
-            local = np.arange(low, high, dtype=np.int64)
-            where = np.zeros(len(local), dtype=np.int64)
-            for offset, length, stride in zip(
-                reversed(part.offsets), reversed(part.sizes), reversed(strides), strict=True
-            ):
-                where += (local % length + offset) * stride
-                local //= length
-            out.view(item)[where - first] = np.frombuffer(data, dtype=item)
+            if low < high:
+                data = np.frombuffer(_piece_bytes(part, read, low, high), dtype=np.uint8)
+                _place(part, data, low, high, out, first, strides, self.itemsize)
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -150,6 +142,54 @@ def _index(part: Piece, local: int, strides: tuple[int, ...]) -> int:
         index += (local % length + offset) * stride
         local //= length
     return index
+
+
+def _place(
+    part: Piece,
+    data: NDArray[Any],
+    low: int,
+    high: int,
+    out: NDArray[Any],
+    first: int,
+    strides: tuple[int, ...],
+    size: int,
+) -> None:
+    """Put ``data``, the bytes of ``part``'s elements ``low`` to ``high`` in its C order, where they go in ``out``
+    (the tensor's bytes from element ``first``): a slice where they are one run of the tensor too; else row by row
+    of the piece's last dimension, each plane's whole rows at once (one strided copy, rows ``strides[-2]`` apart);
+    scattered by index where planes are too many to take one at a time (short rows in a deep tensor)."""
+    import numpy as np
+
+    at = _index(part, low, strides)
+    if _index(part, high - 1, strides) - at == high - 1 - low:
+        out[(at - first) * size : (at - first + high - low) * size] = data
+        return
+    row, rows = part.sizes[-1], part.sizes[-2] * part.sizes[-1]  # elements of a row and of a plane of the piece
+    if (high - low) // rows <= PLANES:
+        position = low
+        while position < high:
+            row_end = min(high, (position // row + 1) * row)
+            plane_end = min(high, (position // rows + 1) * rows)
+            whole = (plane_end - position) // row if position % row == 0 else 0
+            stop = position + whole * row if whole > 1 else row_end
+            begin = (_index(part, position, strides) - first) * size
+            chunk = data[(position - low) * size : (stop - low) * size]
+            if stop == row_end:  # within one row: a run of the tensor
+                out[begin : begin + len(chunk)] = chunk
+            else:
+                target = np.lib.stride_tricks.as_strided(
+                    out[begin:], shape=(whole, row * size), strides=(strides[-2] * size, 1), writeable=True
+                )
+                target[...] = chunk.reshape(whole, row * size)
+            position = stop
+        return
+    local = np.arange(low, high, dtype=np.int64)
+    where = np.zeros(len(local), dtype=np.int64)
+    for offset, length, stride in zip(reversed(part.offsets), reversed(part.sizes), reversed(strides), strict=True):
+        where += (local % length + offset) * stride
+        local //= length
+    item = np.dtype(f"V{size}")
+    out.view(item)[where - first] = data.view(item)
 
 
 def _piece_bytes(part: Piece, read: Read, low: int, high: int) -> bytes:
