@@ -263,9 +263,8 @@ class _Dcp(Format):
     confirm_in_folder = True  # a folder's other .metadata files are not checkpoints
 
     def sniff(self, head: bytes) -> bool:
-        """A pickle naming DCP's ``Metadata`` first; or one too short to (which its reader then refuses)."""
-        pickle = len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-        return pickle and (_SIGNATURE in head or len(head) < self.head_size)
+        """A pickle whose first global is DCP's ``Metadata`` (its module's name within the first bytes)."""
+        return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and _SIGNATURE in head
 
     def read_header(
         self,
