@@ -158,14 +158,7 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
 
     fetch = _Fetcher(source, key)
     read = formats.identify(key, fetch, info.size).read_header
-    header = read(
-        fetch,
-        path=key,
-        file_size=info.size,
-        mtime_ns=info.mtime_ns,
-        first_read=source.first_read,
-        folder=_Folder(source, parent_key(key)),
-    )
+    header = read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
     if header.other_files:
         _check_other_files(header, source)
     return header
@@ -198,11 +191,15 @@ def _check_other_files(header: Header, source: ByteSource) -> None:
 class _Fetcher:
     """``(offset, size) -> bytes`` of the file ``key`` of ``source``, for a format's header reader; ``many`` reads
     ranges that do not depend on each other (a checkpoint's storages' local headers) at once: in parallel from a
-    remote source, where each is a request."""
+    remote source, where each is a request; ``folder``: the other files of its folder (``formats.Folder``)."""
 
     def __init__(self, source: ByteSource, key: str) -> None:
         self.source = source
         self.key = key
+
+    @property
+    def folder(self) -> _Folder:
+        return _Folder(self.source, parent_key(self.key))
 
     def __call__(self, offset: int, size: int) -> bytes:
         try:

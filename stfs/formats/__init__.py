@@ -2,7 +2,8 @@
 
 A format is one module of this package whose ``FORMAT`` (a ``Format``) says everything the rest of stfs needs:
 how its files are recognised (their names in a folder, a sniff of their first bytes), how its header is read
-into tensors (each one range of its file, or ``TensorEntry.scattered``), the dtypes it adds, how the files of a
+into tensors (each one range of its file, or ``TensorEntry.scattered``; a format may read other files of the
+folder, ``fetch.folder``: a DCP's ``.metadata`` names its ``.distcp`` files), the dtypes it adds, how the files of a
 split set merge, and its name in ``--view safetensors``. ``REGISTRY`` lists the formats; nothing outside this
 package names one. Modules are imported when a file of theirs is met (the ``gguf`` package takes a fifth of a
 second to import; the ``onnx`` package, which only ONNX models need, is imported when one is read).

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -143,17 +144,13 @@ class Format:
         raise NotImplementedError
 
     def read_header(
-        self,
-        fetch: RangeFetcher,
-        *,
-        path: str,
-        file_size: int,
-        mtime_ns: int = 0,
-        first_read: int = 0,
-        folder: Folder | None = None,
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
     ) -> Header:
-        """Read and validate the file ``path`` through ``fetch`` (and the other files of its folder it names,
-        through ``folder``); raise a named ``FormatError`` on a broken rule."""
+        """Read and validate the file ``path`` through ``fetch``; raise a named ``FormatError`` on a broken rule.
+
+        ``fetch`` may carry more, where its caller has it: ``fetch.many(ranges)``, ranges read at once (a remote
+        source's in parallel), and ``fetch.folder``, a ``Folder`` of the other files of the file's folder (the
+        ``.distcp`` files a DCP's ``.metadata`` names)."""
         raise NotImplementedError
 
     def dtype(self, name: str) -> DType | None:
@@ -199,3 +196,19 @@ def encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def header_json(tensors: Sequence[TensorEntry], metadata: Mapping[str, str]) -> bytes:
+    """``header.json`` made for a header that is not safetensors' (``Header.json_made``): the header of the
+    safetensors file holding ``tensors`` one after another in their order, ``__metadata__`` ``metadata`` (a
+    surrogate escape written back as the byte it stands for)."""
+    document: dict[str, Any] = {"__metadata__": dict(metadata)}
+    begin = 0
+    for entry in tensors:
+        document[entry.name] = {
+            "dtype": entry.dtype,
+            "shape": list(entry.shape),
+            "data_offsets": [begin, begin + entry.size],
+        }
+        begin += entry.size
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import math
 import posixpath
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .. import errors
-from .base import Folder, Format, Header, RangeFetcher, Read, TensorEntry, encodable
+from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable, header_json
 from .dtypes import DTYPE_BITS
 
 # Bytes read at once while walking the framing: a window after a jump over a payload, doubled while the walk reads
@@ -541,21 +540,6 @@ def _string(value: str | bytes | int) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
-def header_json(entries: list[OnnxEntry], metadata: dict[str, str]) -> bytes:
-    """``header.json``: the header of the safetensors file holding the tensors in the model's order, with
-    ``__metadata__`` the model's ``metadata/``."""
-    document: dict[str, Any] = {"__metadata__": metadata}
-    begin = 0
-    for entry in entries:
-        document[entry.name] = {
-            "dtype": entry.dtype,
-            "shape": list(entry.shape),
-            "data_offsets": [begin, begin + entry.size],
-        }
-        begin += entry.size
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
-
-
 def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0) -> Header:
     """Read and validate the ONNX model ``path`` through ``fetch`` as a ``Header``: its tensors (``data_start`` 0,
     each ``begin``/``end`` absolute in its file), ``metadata/`` and ``header.json`` made in the safetensors schema,
@@ -614,14 +598,7 @@ class _Onnx(Format):
         return len(head) >= 3 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _MODEL_TAGS
 
     def read_header(
-        self,
-        fetch: RangeFetcher,
-        *,
-        path: str,
-        file_size: int,
-        mtime_ns: int = 0,
-        first_read: int = 0,
-        folder: Folder | None = None,
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
     ) -> Header:
         return fetch_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
 

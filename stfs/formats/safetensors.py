@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
-from .base import Folder, Format, Header, RangeFetcher, TensorEntry, encodable
+from .base import Format, Header, RangeFetcher, TensorEntry, encodable
 from .dtypes import DTYPE_BITS
 
 MAX_HEADER_LENGTH = 100_000_000
@@ -553,14 +553,7 @@ class _Safetensors(Format):
         return len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] <= MAX_HEADER_LENGTH
 
     def read_header(
-        self,
-        fetch: RangeFetcher,
-        *,
-        path: str,
-        file_size: int,
-        mtime_ns: int = 0,
-        first_read: int = 0,
-        folder: Folder | None = None,
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
     ) -> Header:
         return fetch_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
 

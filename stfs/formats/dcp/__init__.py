@@ -23,13 +23,12 @@ with ``pickle.load``.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ... import errors
-from ..base import Folder, Format, Header, RangeFetcher, TensorEntry, encodable
+from ..base import Folder, Format, Header, RangeFetcher, TensorEntry, encodable, header_json
 from ..pytorch.allowed import TORCH_DTYPES
 from .assemble import Assembled, covers, piece
 from .metadata import Metadata, TensorMeta, read_metadata
@@ -114,7 +113,7 @@ def fetch_header(
         for name in value.unsafe_globals
     ]
     shown = _metadata(metadata, values, path, warnings)
-    made = _header_json(entries, shown)
+    made = header_json(entries, shown)
     return Header(
         path=path,
         file_size=file_size,
@@ -238,20 +237,6 @@ def _metadata(metadata: Metadata, values: dict[str, BytesValue], path: str, warn
     return shown
 
 
-def _header_json(entries: list[DcpEntry], metadata: dict[str, str]) -> bytes:
-    """``header.json``: the header of the safetensors file holding the tensors in the checkpoint's order."""
-    document: dict[str, Any] = {"__metadata__": metadata}
-    begin = 0
-    for entry in entries:
-        document[entry.name] = {
-            "dtype": entry.dtype,
-            "shape": list(entry.shape),
-            "data_offsets": [begin, begin + entry.size],
-        }
-        begin += entry.size
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
 # The first bytes of a .metadata: a pickle (PROTO 2 to 5) whose first global is DCP's Metadata class.
 _SIGNATURE = b"torch.distributed.checkpoint.metadata"
 
@@ -267,15 +252,9 @@ class _Dcp(Format):
         return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and _SIGNATURE in head
 
     def read_header(
-        self,
-        fetch: RangeFetcher,
-        *,
-        path: str,
-        file_size: int,
-        mtime_ns: int = 0,
-        first_read: int = 0,
-        folder: Folder | None = None,
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
     ) -> Header:
+        folder: Folder | None = getattr(fetch, "folder", None)  # the files beside it, where the caller has them
         return fetch_header(
             fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read, folder=folder
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import errors
-from ..base import RangeFetcher
+from ..base import RangeFetcher, encodable
 from ..pytorch import read_checkpoint, zip_object
 from ..pytorch.checkpoint import Tensor
 from ..pytorch.reads import read_ranges
@@ -144,7 +144,11 @@ def bytes_value(job: Job, archive: _Archive | None) -> BytesValue:
 
 
 def _plain(value: Any) -> bool:
-    return value is None or (type(value) in (int, float, bool, str) and len(_text(value)) <= 4096)
+    """A value ``metadata/`` shows as it is: ``None``, a number, a bool, a string of valid Unicode (a pickle's
+    string may hold a lone surrogate) of at most 4096 characters."""
+    return value is None or (
+        type(value) in (int, float, bool, str) and len(_text(value)) <= 4096 and encodable(_text(value))
+    )
 
 
 def _text(value: Any) -> str:

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..base import DType, Folder, Format, Header, RangeFetcher, SplitSet, TensorEntry
+from ..base import DType, Format, Header, RangeFetcher, SplitSet, TensorEntry
 from .reader import (
     _walk,  # noqa: F401 (the tests' look at the string walk)
     parse_header,
@@ -122,14 +122,7 @@ class _Gguf(Format):
         return head[:4] == MAGIC
 
     def read_header(
-        self,
-        fetch: RangeFetcher,
-        *,
-        path: str,
-        file_size: int,
-        mtime_ns: int = 0,
-        first_read: int = 0,
-        folder: Folder | None = None,
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
     ) -> Header:
         return fetch_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
 

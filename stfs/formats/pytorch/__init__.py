@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ... import errors
-from ..base import Folder, Format, Header, RangeFetcher, TensorEntry
+from ..base import Format, Header, RangeFetcher, TensorEntry
 from .allowed import DCP_GLOBALS, IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
@@ -252,14 +252,7 @@ class _Pytorch(Format):
         return detect(head) is not None
 
     def read_header(
-        self,
-        fetch: RangeFetcher,
-        *,
-        path: str,
-        file_size: int,
-        mtime_ns: int = 0,
-        first_read: int = 0,
-        folder: Folder | None = None,
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
     ) -> Header:
         return fetch_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
 
