@@ -435,6 +435,34 @@ def test_a_chunk_that_is_no_torch_save_of_its_tensor_is_refused(
     assert "'layers.0.rows'" in line and "InvalidZipArchive" in line
 
 
+def test_every_cut_and_changed_byte_is_a_checkpoint_or_one_named_error(sharded: Path, tmp_path: Path) -> None:
+    """``.metadata`` or a ``.distcp`` cut short or with bytes changed: read as a checkpoint, or refused by a named
+    error (``StfsError``), never another exception."""
+    from stfs import errors, model
+
+    rng = random.Random(11)
+    files = sorted(file.name for file in sharded.iterdir())
+    outcomes: set[str] = set()
+    for trial in range(300):
+        folder = tmp_path / str(trial)
+        shutil.copytree(sharded, folder)
+        target = folder / rng.choice(files)
+        data = bytearray(target.read_bytes())
+        if rng.random() < 0.3:
+            del data[rng.randrange(len(data)) :]
+        else:
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        target.write_bytes(bytes(data))
+        try:
+            model.resolve(str(folder))
+            outcomes.add("read")
+        except errors.StfsError as exc:
+            outcomes.add(type(exc).__name__)
+        shutil.rmtree(folder)
+    assert {"read", "InvalidChunk", "DataFileTooShort"} <= outcomes, outcomes
+
+
 class Gzip(dcp._extension.StreamTransformExtension):  # type: ignore[misc]
     """A stream transform for FileSystemWriter's ``_extensions``: each item gzipped."""
 
