@@ -3,7 +3,8 @@ are made from tensors (``f32/``, ``npy/``, ``stats/``, ``png/``, a gathered tens
 ``stfs check --values``.
 
 A tensor is ``size`` bytes of one source file from ``offset``, or, where its format says its bytes are not one
-range (``formats.Scattered``: a strided tensor of a checkpoint), gathered from its file in C order as read. Either
+range (``formats.Scattered``: a strided tensor of a checkpoint), gathered from its file (or the files of its folder
+it names: a DCP tensor's chunks) in C order as read. Either
 way the whole tensor is the ``span`` of every read: a remote source fetches ahead within it in parallel (SPEC §7).
 
 The chunk sizes, one set for every reader: ``CHUNK_BYTES`` of a source read at once, ``PIECE_VALUES`` values
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 from . import stopping
 from .formats import Scattered, groups
+from .sources import join_key, parent_key
 
 CHUNK_BYTES = 1 << 20  # read at once from a source (a FUSE request at most): two of them stay in a CPU's cache
 PIECE_VALUES = 1 << 18  # values decoded at once (float64: 2 MiB an array, with NumPy's temporaries a few times that)
@@ -82,10 +84,13 @@ class TensorBytes:
                 raise OSError(f"{self.key}: short read at byte {self.offset + start}")
             return
 
-        def read(offset: int, size: int) -> bytes:
+        def read(offset: int, size: int, file: str | None = None) -> bytes:
+            key, where = self.key, span
+            if file is not None:  # another file of its folder (a DCP tensor's chunk): the read is its own span
+                key, where = join_key(parent_key(self.key), file), (offset, offset + size)
             found = bytearray(size)
-            if self.read_source(self.key, offset, memoryview(found), span) != size:
-                raise OSError(f"{self.key}: short read at byte {offset}")
+            if self.read_source(key, offset, memoryview(found), where) != size:
+                raise OSError(f"{key}: short read at byte {offset}")
             return bytes(found)
 
         self.scattered.read_into(read, start, view)

@@ -123,17 +123,27 @@ class MetadataIncompleteBuffer(FormatError):
     rule = 11
 
 
-class GgufError(FormatError):
-    """A GGUF file breaks a rule of llama.cpp's reader (README.md, "GGUF"); ``rule`` names it in a few words."""
+class RuleError(FormatError):
+    """A refusal named by its rule in a few words (``rule_text``), not by a safetensors rule number: the message
+    names the file, the tensor where there is one, the format (``format_name``), the rule and why."""
 
-    rule_text = "invalid GGUF file"
+    format_name = ""
+    rule_text = ""
 
     def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
         self.path = path
         self.detail = detail
         self.tensor = tensor
         where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
-        StfsError.__init__(self, f"{where}GGUF {self.rule_text} ({type(self).__name__}): {detail}")
+        rule = f"{self.format_name} {self.rule_text}" if self.format_name else self.rule_text
+        StfsError.__init__(self, f"{where}{rule} ({type(self).__name__}): {detail}")
+
+
+class GgufError(RuleError):
+    """A GGUF file breaks a rule of llama.cpp's reader (README.md, "GGUF"); ``rule`` names it in a few words."""
+
+    rule_text = "invalid GGUF file"
+    format_name = "GGUF"
 
 
 class GgufTruncated(GgufError):
@@ -327,20 +337,14 @@ class MountError(StfsError):
     """Mounting or unmounting failed."""
 
 
-class PytorchError(FormatError):
+class PytorchError(RuleError):
     """A PyTorch checkpoint is refused (SPEC §12): it breaks a rule of its layout, or a bound of the pickle reader.
 
     ``rule_text`` names the rule in a few words; the message names the file, the tensor where there is one, and why.
     """
 
     rule_text = "invalid PyTorch checkpoint"
-
-    def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
-        self.path = path
-        self.detail = detail
-        self.tensor = tensor
-        where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
-        StfsError.__init__(self, f"{where}PyTorch {self.rule_text} ({type(self).__name__}): {detail}")
+    format_name = "PyTorch"
 
 
 class NotACheckpoint(PytorchError):
@@ -430,18 +434,11 @@ class TensorOutOfStorage(PytorchError):
     rule_text = "tensor inside its storage"
 
 
-class DataFileError(FormatError):
+class DataFileError(RuleError):
     """A tensor's bytes lie in another file of the model's folder (an ONNX model's external data), and that file
     cannot hold them. Checked for every format by ``model``, once the format has read the header."""
 
     rule_text = "data file"
-
-    def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
-        self.path = path
-        self.detail = detail
-        self.tensor = tensor
-        where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
-        StfsError.__init__(self, f"{where}{self.rule_text} ({type(self).__name__}): {detail}")
 
 
 class MissingDataFile(DataFileError):
@@ -452,20 +449,14 @@ class DataFileTooShort(DataFileError):
     """The file a tensor's bytes lie in ends before them."""
 
 
-class OnnxError(FormatError):
+class OnnxError(RuleError):
     """An ONNX model is refused (SPEC §13): its protobuf is broken, or a tensor breaks a rule of onnx's reader.
 
     ``rule_text`` names the rule in a few words; the message names the file, the tensor where there is one, and why.
     """
 
     rule_text = "invalid ONNX model"
-
-    def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
-        self.path = path
-        self.detail = detail
-        self.tensor = tensor
-        where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
-        StfsError.__init__(self, f"{where}ONNX {self.rule_text} ({type(self).__name__}): {detail}")
+    format_name = "ONNX"
 
 
 class OnnxUnavailable(OnnxError):
@@ -524,3 +515,71 @@ class TypedDataTooLarge(OnnxError):
     """The tensors a model keeps in typed fields (``int32_data``, ...) would need more than stfs holds in memory."""
 
     rule_text = "typed fields within bounds"
+
+
+class DcpError(RuleError):
+    """A PyTorch Distributed Checkpoint is refused (SPEC §13): its ``.metadata`` or a chunk it names breaks a rule.
+
+    ``rule_text`` names the rule in a few words; the message names the file, the tensor where there is one, and why.
+    """
+
+    rule_text = "invalid distributed checkpoint"
+    format_name = "DCP"
+
+
+class NotDcpMetadata(DcpError):
+    """The file's pickle holds no ``torch.distributed.checkpoint`` ``Metadata`` whose storage is a folder of
+    ``.distcp`` files (another pickle, or a checkpoint another storage writer made)."""
+
+    rule_text = "metadata"
+    refutes_format = True  # a folder's other .metadata file is left in files/, not a model
+
+
+class InvalidDcpMetadata(DcpError):
+    """A member of the ``Metadata`` is not what torch's DCP writes there (a tensor's size, dtype, chunks; a storage's
+    path, offset, length)."""
+
+    rule_text = "metadata"
+
+
+class TransformedStorage(DcpError):
+    """A chunk is stored through a transform (``_StorageInfo.transform_descriptors``: compressed, say), not as the
+    bytes ``torch.save`` wrote."""
+
+    rule_text = "untransformed storage"
+
+
+class ChunkOutsideTensor(DcpError):
+    """A chunk's offsets and sizes reach outside its tensor's size (or have another number of dimensions)."""
+
+    rule_text = "chunks inside their tensor"
+
+
+class OverlappingChunks(DcpError):
+    """Two chunks of a tensor hold the same element."""
+
+    rule_text = "chunks that do not overlap"
+
+
+class ChunksLeaveHole(DcpError):
+    """A tensor's chunks do not hold every one of its elements."""
+
+    rule_text = "chunks that cover their tensor"
+
+
+class MissingChunkStorage(DcpError):
+    """A chunk (or a bytes entry) has no ``storage_data`` entry saying where it lies."""
+
+    rule_text = "storage of every chunk"
+
+
+class StorageOutsideFolder(DcpError):
+    """A storage's ``relative_path`` is not a file name of the checkpoint's folder (where torch writes them)."""
+
+    rule_text = "storage inside the folder"
+
+
+class InvalidChunk(DcpError):
+    """A chunk's bytes are not a ``torch.save`` archive of one tensor of its dtype and sizes."""
+
+    rule_text = "chunk of one tensor"

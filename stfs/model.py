@@ -169,7 +169,7 @@ def _check_other_files(header: Header, source: ByteSource) -> None:
     for the mount, as its header's file is."""
     sizes: dict[str, int | None] = {}
     for entry in header.tensors:
-        if entry.file is None:
+        if entry.file is None or entry.scattered is not None:  # a scattered tensor's format checked what it reads
             continue
         key = place(header, entry)[0]
         if key not in sizes:
@@ -191,11 +191,15 @@ def _check_other_files(header: Header, source: ByteSource) -> None:
 class _Fetcher:
     """``(offset, size) -> bytes`` of the file ``key`` of ``source``, for a format's header reader; ``many`` reads
     ranges that do not depend on each other (a checkpoint's storages' local headers) at once: in parallel from a
-    remote source, where each is a request."""
+    remote source, where each is a request; ``folder``: the other files of its folder (``formats.Folder``)."""
 
     def __init__(self, source: ByteSource, key: str) -> None:
         self.source = source
         self.key = key
+
+    @property
+    def folder(self) -> _Folder:
+        return _Folder(self.source, parent_key(self.key))
 
     def __call__(self, offset: int, size: int) -> bytes:
         try:
@@ -205,6 +209,25 @@ class _Fetcher:
 
     def many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return _each(lambda where: self(*where), list(ranges), self.source.concurrency)
+
+
+class _Folder:
+    """The files of the folder ``key`` of ``source`` by name, for a format that reads them with its header's
+    (``formats.Folder``)."""
+
+    def __init__(self, source: ByteSource, key: str) -> None:
+        self.source = source
+        self.key = key
+
+    def size(self, file: str) -> int | None:
+        key = join_key(self.key, file)
+        try:
+            return self.source.stat(key).size if self.source.kind(key) is Kind.FILE else None
+        except OSError:
+            return None
+
+    def fetcher(self, file: str) -> _Fetcher:
+        return _Fetcher(self.source, join_key(self.key, file))
 
 
 def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:
@@ -294,8 +317,8 @@ def _model_name(relative: str) -> str:
     if split is not None:  # x-00001-of-00003.gguf: the set x
         return relative[: len(relative) - len(base_name(relative))] + split[0]
     for suffix in (*INDEX_SUFFIXES, *MODEL_SUFFIXES):
-        if relative.endswith(suffix):
-            return relative[: -len(suffix)]
+        if relative.endswith(suffix):  # a file named as its format names one (a DCP's .metadata): its folder
+            return relative[: -len(suffix)].rstrip("/") or relative
     return relative
 
 

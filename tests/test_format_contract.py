@@ -1,8 +1,9 @@
 """The format contract: the same cases over every format stfs reads, as test_source_contract.py runs one suite over
 every source. A format is one module of ``stfs/formats/`` (``formats.REGISTRY``); each case here holds for a file
-its real writer made (safetensors, gguf-py's GGUFWriter, torch.save, onnx.save_model) through a real mount and the
-real commands: tensors, bytes, xattrs, header.json, metadata/, views, info, check, check --values, diff (within a
-format and across formats), and refusal in one line of a file cut short."""
+its real writer made (safetensors, gguf-py's GGUFWriter, torch.save, onnx.save_model; the folder that
+torch.distributed.checkpoint.save writes) through a real mount and the real commands: tensors, bytes, xattrs,
+header.json, metadata/, views, info, check, check --values, diff (within a format and across formats), and refusal
+in one line of a file cut short."""
 
 from __future__ import annotations
 
@@ -56,11 +57,25 @@ def write_onnx(stem: Path, arrays: Arrays) -> Path:
     return path
 
 
+def write_dcp(stem: Path, arrays: Arrays) -> Path:
+    """A folder (``.metadata``, ``__0_0.distcp``) as torch.distributed.checkpoint.save writes it in one process."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "torch.distributed is disabled ...: assuming ... a single process"
+        warnings.simplefilter("ignore")
+        dcp.save({name: torch.from_numpy(array.copy()) for name, array in arrays.items()}, checkpoint_id=str(stem))
+    return stem
+
+
 WRITERS: dict[str, Writer] = {
     "safetensors": write_safetensors,
     "gguf": write_gguf,
     "pytorch": write_pytorch,
     "onnx": write_onnx,
+    "dcp": write_dcp,
 }
 
 
@@ -90,6 +105,11 @@ def tensor_path(mnt: str, folder: str, name: str, suffix: str = "") -> Path:
     return Path(mnt, folder, *name.split(".")).with_name(name.split(".")[-1] + suffix)
 
 
+def own_files(source: Path) -> list[Path]:
+    """The files a writer wrote: the source, or those of the folder it is (a DCP)."""
+    return sorted(source.iterdir()) if source.is_dir() else [source]
+
+
 def one_line(result: subprocess.CompletedProcess, source: Path) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -107,13 +127,15 @@ def test_every_tensor_is_a_file_of_its_bytes(tmp_path: Path, kind: str, mount: M
         assert os.stat(path).st_size == array.nbytes
         assert os.getxattr(path, f"user.{namespace}.name").decode() == name
         assert json.loads(os.getxattr(path, f"user.{namespace}.shape")) == list(array.shape)
-        assert os.getxattr(path, f"user.{namespace}.file").decode() == str(source)
+        file = Path(os.getxattr(path, f"user.{namespace}.file").decode())
+        assert file in own_files(source)
         offset = int(os.getxattr(path, f"user.{namespace}.offset"))
-        with open(source, "rb") as stream:  # each of these writers stores a tensor's bytes at its offset
+        with open(file, "rb") as stream:  # each of these writers stores a tensor's bytes at its offset
             stream.seek(offset)
             assert stream.read(array.nbytes) == array.tobytes()
-    assert sorted(p.name for p in Path(mnt, "files").iterdir()) == [source.name]
-    assert Path(mnt, "files", source.name).read_bytes() == source.read_bytes()
+    assert sorted(p.name for p in Path(mnt, "files").iterdir()) == [file.name for file in own_files(source)]
+    for file in own_files(source):
+        assert Path(mnt, "files", file.name).read_bytes() == file.read_bytes()
 
 
 def test_header_json_is_in_the_safetensors_schema_and_metadata_has_a_file_per_key(
@@ -189,8 +211,10 @@ def test_the_same_tensors_in_any_two_formats_are_equal(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cut", ["header", "data"])
 def test_a_file_cut_short_is_refused_in_one_line(tmp_path: Path, kind: str, cut: str, require_fuse: None) -> None:
     source = written(tmp_path, kind)
-    data = source.read_bytes()
-    source.write_bytes(data[:24] if cut == "header" else data[: len(data) - 100])
+    files = own_files(source)  # of a folder (a DCP), its header (.metadata, named first) or its largest file
+    target = files[0] if cut == "header" else max(files, key=lambda file: file.stat().st_size)
+    data = target.read_bytes()
+    target.write_bytes(data[:24] if cut == "header" else data[: len(data) - 100])
     result = refusal(source, tmp_path)
     assert result.returncode == 1
     one_line(result, source)
@@ -204,4 +228,4 @@ def test_a_file_of_no_format_names_the_formats_stfs_reads(tmp_path: Path, requir
     result = refusal(source, tmp_path)
     assert result.returncode == 1
     line = one_line(result, source)
-    assert "safetensors, GGUF, PyTorch checkpoint or ONNX" in line and "rule" not in line
+    assert "safetensors, GGUF, PyTorch checkpoint, ONNX or DCP .metadata" in line and "rule" not in line

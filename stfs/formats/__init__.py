@@ -2,7 +2,8 @@
 
 A format is one module of this package whose ``FORMAT`` (a ``Format``) says everything the rest of stfs needs:
 how its files are recognised (their names in a folder, a sniff of their first bytes), how its header is read
-into tensors (each one range of its file, or ``TensorEntry.scattered``), the dtypes it adds, how the files of a
+into tensors (each one range of its file, or ``TensorEntry.scattered``; a format may read other files of the
+folder, ``fetch.folder``: a DCP's ``.metadata`` names its ``.distcp`` files), the dtypes it adds, how the files of a
 split set merge, and its name in ``--view safetensors``. ``REGISTRY`` lists the formats; nothing outside this
 package names one. Modules are imported when a file of theirs is met (the ``gguf`` package takes a fifth of a
 second to import; the ``onnx`` package, which only ONNX models need, is imported when one is read).
@@ -14,7 +15,7 @@ import importlib
 from functools import cache
 
 from .. import errors
-from .base import DType, Format, Header, RangeFetcher, Scattered, SplitSet, TensorEntry, encodable
+from .base import DType, Folder, Format, Header, RangeFetcher, Scattered, SplitSet, TensorEntry, encodable
 from .dtypes import standard
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "MODEL_SUFFIXES",
     "REGISTRY",
     "DType",
+    "Folder",
     "Format",
     "Header",
     "RangeFetcher",
@@ -43,6 +45,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("gguf", (".gguf",), ()),
     ("pytorch", (".bin", ".pt", ".pth", ".ckpt"), (".bin.index.json",)),
     ("onnx", (".onnx",), ()),
+    ("dcp", (".metadata",), ()),  # a folder's .metadata: a torch.distributed.checkpoint, its .distcp files beside it
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)

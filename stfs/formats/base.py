@@ -3,13 +3,33 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
-Read = Callable[[int, int], bytes]  # (absolute offset, size) -> exactly those bytes of a tensor's file
+
+
+class Read(Protocol):
+    """How a ``Scattered`` reads: exactly ``size`` bytes from the absolute ``offset`` of its tensor's file, or of
+    ``file``, another file of that file's folder named as a header names it (a DCP tensor's chunks in several)."""
+
+    def __call__(self, offset: int, size: int, file: str | None = None) -> bytes: ...
+
+
+class Folder(Protocol):
+    """The other files of a header's folder, by name relative to it, for a format that reads them to place its
+    tensors (a DCP's ``.metadata`` names the files its tensors' chunks lie in, whose framing it reads)."""
+
+    def size(self, file: str) -> int | None:
+        """Its size, pinning it for the mount as a header's file is; ``None`` where it is not a regular file."""
+        ...
+
+    def fetcher(self, file: str) -> RangeFetcher:
+        """Its bytes, as a header's own ``fetch`` (with its ``many``, reading ranges at once)."""
+        ...
 
 
 class Scattered(Protocol):
@@ -27,7 +47,7 @@ class Scattered(Protocol):
         ...
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
-        """Fill ``view`` with its bytes in C order from ``begin``, reading its file through ``read``."""
+        """Fill ``view`` with its bytes in C order from ``begin``, reading its file (or files) through ``read``."""
         ...
 
 
@@ -58,7 +78,8 @@ class TensorEntry:
     @property
     def file(self) -> str | None:
         """The file its bytes lie in where that is not its header's (an ONNX model's external data): a path
-        relative to the folder of the header's file, inside it; ``begin``/``end`` are then absolute in that file."""
+        relative to the folder of the header's file, inside it; ``begin``/``end`` are then absolute in that file.
+        For a ``scattered`` tensor, the file of its first element (a DCP tensor's chunks lie in several)."""
         return None
 
     @property
@@ -87,8 +108,9 @@ class Header:
     format: str = "safetensors"  # the name of the ``Format`` that read it
     check_problems: tuple[str, ...] = ()  # lines ``stfs check`` fails on though a mount serves the file
     scattered: bool = False  # some tensor's bytes are not one range of the file (``TensorEntry.scattered``)
-    # Other files of its folder the model's tensors lie in (an ONNX model's external data), relative to that folder:
-    # each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows them all.
+    # Other files of its folder the model's tensors lie in (an ONNX model's external data, a DCP's .distcp files),
+    # relative to that folder: each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows
+    # them all.
     other_files: tuple[str, ...] = ()
 
     @property
@@ -124,7 +146,11 @@ class Format:
     def read_header(
         self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
     ) -> Header:
-        """Read and validate the file ``path`` through ``fetch``; raise a named ``FormatError`` on a broken rule."""
+        """Read and validate the file ``path`` through ``fetch``; raise a named ``FormatError`` on a broken rule.
+
+        ``fetch`` may carry more, where its caller has it: ``fetch.many(ranges)``, ranges read at once (a remote
+        source's in parallel), and ``fetch.folder``, a ``Folder`` of the other files of the file's folder (the
+        ``.distcp`` files a DCP's ``.metadata`` names)."""
         raise NotImplementedError
 
     def dtype(self, name: str) -> DType | None:
@@ -170,3 +196,19 @@ def encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def header_json(tensors: Sequence[TensorEntry], metadata: Mapping[str, str]) -> bytes:
+    """``header.json`` made for a header that is not safetensors' (``Header.json_made``): the header of the
+    safetensors file holding ``tensors`` one after another in their order, ``__metadata__`` ``metadata`` (a
+    surrogate escape written back as the byte it stands for)."""
+    document: dict[str, Any] = {"__metadata__": dict(metadata)}
+    begin = 0
+    for entry in tensors:
+        document[entry.name] = {
+            "dtype": entry.dtype,
+            "shape": list(entry.shape),
+            "data_offsets": [begin, begin + entry.size],
+        }
+        begin += entry.size
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import math
 import posixpath
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .. import errors
-from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable
+from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable, header_json
 from .dtypes import DTYPE_BITS
 
 # Bytes read at once while walking the framing: a window after a jump over a payload, doubled while the walk reads
@@ -539,21 +538,6 @@ def _string(value: str | bytes | int) -> str:
     """A protobuf string field as text: the onnx package gives bytes for one that is not UTF-8 (kept as surrogate
     escapes, which ``metadata/`` writes back as those bytes)."""
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
-
-
-def header_json(entries: list[OnnxEntry], metadata: dict[str, str]) -> bytes:
-    """``header.json``: the header of the safetensors file holding the tensors in the model's order, with
-    ``__metadata__`` the model's ``metadata/``."""
-    document: dict[str, Any] = {"__metadata__": metadata}
-    begin = 0
-    for entry in entries:
-        document[entry.name] = {
-            "dtype": entry.dtype,
-            "shape": list(entry.shape),
-            "data_offsets": [begin, begin + entry.size],
-        }
-        begin += entry.size
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
 
 
 def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0) -> Header:

@@ -56,7 +56,7 @@ from typing import ClassVar
 
 from ... import errors
 from ..base import Format, Header, RangeFetcher, TensorEntry
-from .allowed import IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
+from .allowed import DCP_GLOBALS, IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
 from .gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
@@ -65,10 +65,11 @@ from .naming import MAX_NAME, MAX_NAME_CHARS, MAX_WALK_STEPS
 from .reads import COALESCE_GAP, Read, ReadMany, read_exact
 from .unpickler import MAX_INLINE, MAX_LINE, MAX_MEMO, MAX_NESTING, MAX_OPCODES, WINDOW
 from .writer import SafetensorsFile, header_json, safetensors_file, safetensors_header
-from .zip_archive import HEADER_SLACK, MAX_DIRECTORY, MAX_ZIP_ENTRIES, TAIL_READ, read_zip
+from .zip_archive import HEADER_SLACK, MAX_DIRECTORY, MAX_ZIP_ENTRIES, TAIL_READ, read_zip, zip_object
 
 __all__ = [
     "COALESCE_GAP",
+    "DCP_GLOBALS",
     "GATHER_ELEMENTS",
     "GATHER_GAP",
     "GATHER_WINDOW",
@@ -110,6 +111,7 @@ __all__ = [
     "safetensors_file",
     "safetensors_header",
     "unsafe_warnings",
+    "zip_object",
 ]
 
 

@@ -108,6 +108,33 @@ WEIGHTS_ONLY_GLOBALS: frozenset[str] = frozenset(
     f"{module}.{name}" for module, names in _ALLOWED_BY_MODULE.items() for name in names.split()
 )
 
+# What torch.distributed.checkpoint's FileSystemWriter pickles into a checkpoint's .metadata (torch 2.13): its
+# dataclasses, torch.Size, dtypes, layouts, the memory format's encoding, and StorageMeta's checkpoint_id (a path).
+# torch reads that file with pickle.load: anything else it names would be imported and called.
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+DCP_GLOBALS: frozenset[str] = frozenset(
+    (
+        *(
+            f"{_DCP_METADATA}.{name}"
+            for name in (
+                "Metadata",
+                "TensorStorageMetadata",
+                "ChunkStorageMetadata",
+                "TensorProperties",
+                "BytesStorageMetadata",
+                "MetadataIndex",
+                "StorageMeta",
+                "_MEM_FORMAT_ENCODING",
+            )
+        ),
+        "torch.distributed.checkpoint.filesystem._StorageInfo",
+        "torch.Size",
+        "torch.serialization._get_layout",
+        *(f"torch.{dtype}" for dtype in TORCH_DTYPES),
+        *(f"pathlib.{module}{name}" for module in ("", "_local.") for name in ("PosixPath", "WindowsPath")),
+    )
+)
+
 # Python 2 names a protocol-2 pickle may hold, as torch's weights_only loader maps them (torch._utils'
 # IMPORT_MAPPING and NAME_MAPPING, from the standard library's _compat_pickle) before looking a name up.
 IMPORT_MAPPING: Mapping[str, str] = {

@@ -7,9 +7,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ... import errors
-from .allowed import TORCH_DTYPES
+from .allowed import TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .checkpoint import Checkpoint, StorageBytes, make_checkpoint, used_storages
 from .naming import Walker, model_leaves
 from .reads import Read, ReadMany, read_exact, read_ranges
@@ -222,7 +223,29 @@ def _stored(entry: _Entry, path: str) -> None:
         )
 
 
-def read_zip(read: Read, many: ReadMany, size: int, path: str) -> Checkpoint:
+@dataclass(frozen=True, slots=True)
+class _Unpickled:
+    """A zip checkpoint's pickle, interpreted: its top object, and what placing its storages needs."""
+
+    interpreter: Interpreter
+    top_object: Any
+    entries: list[_Entry]
+    cd_start: int
+    top: str
+    inside: dict[str, _Entry]
+    pickle_range: tuple[int, int]
+
+
+def zip_object(read: Read, many: ReadMany, size: int, path: str) -> tuple[Any, tuple[str, ...]]:
+    """The top object of the zip checkpoint behind ``read`` as plain values (``values``), and the globals its pickle
+    names that ``torch.load(weights_only=True)`` refuses: a pickled object that is not tensors (a DCP's bytes entry,
+    a step counter), read as a checkpoint's pickle is, never run."""
+    unpickled = _unpickle(read, many, size, path)
+    names = unpickled.interpreter.globals
+    return unpickled.top_object, tuple(name for name in names if name not in WEIGHTS_ONLY_GLOBALS)
+
+
+def _unpickle(read: Read, many: ReadMany, size: int, path: str) -> _Unpickled:
     entries, cd_start = _zip_directory(read, size, path)
     top, inside = _zip_layout(entries, path)
     wanted = [inside["data.pkl"]] + ([inside["byteorder"]] if "byteorder" in inside else [])
@@ -245,7 +268,13 @@ def read_zip(read: Read, many: ReadMany, size: int, path: str) -> Checkpoint:
     pickle_size = wanted[0].size
     interpreter = Interpreter(path)
     top_object = interpreter.run(Stream(read, path, pickle_start, pickle_start + pickle_size, WINDOW, first))
-    leaves, model_key = model_leaves(top_object, Walker(path))
+    return _Unpickled(interpreter, top_object, entries, cd_start, top, inside, (pickle_start, pickle_size))
+
+
+def read_zip(read: Read, many: ReadMany, size: int, path: str) -> Checkpoint:
+    unpickled = _unpickle(read, many, size, path)
+    cd_start, top, inside = unpickled.cd_start, unpickled.top, unpickled.inside
+    leaves, model_key = model_leaves(unpickled.top_object, Walker(path))
     data_entries = []
     for key, ref in used_storages(leaves).items():
         found_entry = inside.get(f"data/{key}")
@@ -270,10 +299,10 @@ def read_zip(read: Read, many: ReadMany, size: int, path: str) -> Checkpoint:
         path=path,
         layout="zip",
         size=size,
-        interpreter=interpreter,
+        interpreter=unpickled.interpreter,
         leaves=leaves,
         model_key=model_key,
         storages=storages,
-        pickle_range=(pickle_start, pickle_size),
+        pickle_range=unpickled.pickle_range,
         archive_name=top,
     )
