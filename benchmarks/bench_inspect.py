@@ -89,23 +89,22 @@ def in_process(source: str, size_mib: int) -> dict[str, float]:
 
     import numpy as np
 
-    from stfs.formats.safetensors import TensorEntry
+    from stfs.chunks import TensorBytes
     from stfs.heatmap import colours, encode, pixel_sums
-    from stfs.summary import TensorBytes
     from stfs.tensor_stats import summarize
 
     with open(source, "rb") as stream:
         length = int.from_bytes(stream.read(8), "little")
         header = json.loads(stream.read(length))
     info = header["w"]
-    entry = TensorEntry("w", "BF16", tuple(info["shape"]), 0, info["data_offsets"][1])
+    begin, end = info["data_offsets"]
     fd = os.open(source, os.O_RDONLY)
 
     def read(key: str, offset: int, view: memoryview, span: tuple[int, int]) -> int:
         return os.preadv(fd, [view], offset)
 
-    tensor = TensorBytes(source, 8 + length, entry, read)
-    megabytes = entry.size / 1e6
+    tensor = TensorBytes(source, 8 + length + begin, end - begin, info["dtype"], tuple(info["shape"]), read)
+    megabytes = tensor.size / 1e6
     found: dict[str, float] = {}
     try:
         started = time.perf_counter()
