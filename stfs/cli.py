@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         "first; K/M/G suffixes (default 10G)",
     )
     _timeout(mount)
+    _plain_http(mount)
 
     unmount = commands.add_parser(
         "unmount",
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("sources", nargs="+", metavar="SOURCE", type=_given, help=SOURCE_HELP)
     info.add_argument("--json", action="store_true", help="print JSON")
     _timeout(info)
+    _plain_http(info)
 
     check = commands.add_parser(
         "check",
@@ -170,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _quiet(check)
     _timeout(check)
+    _plain_http(check)
 
     diff = commands.add_parser(
         "diff",
@@ -215,6 +218,14 @@ def _timeout(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help=f"remote sources: a read gives up with EIO after this long without a byte (default {DEFAULT_TIMEOUT:g})",
+    )
+
+
+def _plain_http(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plain-http",
+        action="store_true",
+        help="oci:// sources: ask the registry over HTTP, not HTTPS (a loopback host always is)",
     )
 
 
@@ -279,6 +290,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             cache_dir_size=args.cache_dir_size,
             mounting=True,
+            plain_http=args.plain_http,
         )
         return plan_mount(source, key, args.mountpoint, args.layout, options.fuse, threads=threads, views=args.views)
 
@@ -324,7 +336,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     models = []
     transfer: dict[str, int] | None = None  # what went over the wire, for remote sources
     for text in map(named_source, args.sources):
-        source, key = open_source(text, timeout=args.timeout)
+        source, key = open_source(text, timeout=args.timeout, plain_http=args.plain_http)
         try:
             models += [load(model_source, source) for model_source in discover(key, source)]
         finally:
@@ -353,7 +365,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 from .scan import REMOTE_CACHE
 
                 reading = {"keep_source_cache": True, "cache_size": REMOTE_CACHE}
-            source, key = open_source(text, timeout=args.timeout, **reading)
+            source, key = open_source(text, timeout=args.timeout, plain_http=args.plain_http, **reading)
             model_sources = discover(key, source)
         except errors.StfsError as exc:
             print(exc.message)

@@ -12,7 +12,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from . import errors, formats
@@ -282,9 +282,7 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
         raise errors.SourceError(f"{root}: no {files_text} file or {indexes_text} found")
     if len(models) == 1:
         return [ModelSource(name="", path=models[0], header=headers.get(models[0]))]
-    result = [
-        ModelSource(name=_model_name(relative_key(root, key)), path=key, header=headers.get(key)) for key in models
-    ]
+    result = [ModelSource(_name_in(source, root, key, models), key, headers.get(key)) for key in models]
     seen: dict[str, str] = {}
     for model in result:
         if model.name in seen:
@@ -312,6 +310,18 @@ def _confirmed_header(source: ByteSource, key: str, claimed: Format) -> Header |
     return header if header.tensors else None
 
 
+def _name_in(source: ByteSource, root: str, key: str, models: list[str]) -> str:
+    """The folder of the model ``key`` in a multi-model mount of ``root``: the folder of the artifact holding it
+    where a store groups its files so (``MappedFiles.group_of``: ``library/llama3.2:1b``) and it is the artifact's
+    one model; else its path less the suffix (``_model_name``)."""
+    group_of = getattr(source, "group_of", None)
+    if group_of is not None:
+        group = group_of(key)
+        if group is not None and group.key != root and [group_of(other) for other in models].count(group) == 1:
+            return relative_key(root, group.key)
+    return _model_name(relative_key(root, key))
+
+
 def _model_name(relative: str) -> str:
     split = split_names(base_name(relative))
     if split is not None:  # x-00001-of-00003.gguf: the set x
@@ -326,18 +336,30 @@ def load(model_source: ModelSource, source: ByteSource | None = None, progress: 
     """Read and check every header of ``model_source``; raise on the first broken rule (all shards are checked)."""
     source = source or LocalFiles()
     if model_source.is_index:
-        return _load_sharded(source, model_source, progress or Progress())
+        return _with_group(_load_sharded(source, model_source, progress or Progress()), source)
     if model_source.is_split:
-        return _load_split_set(source, model_source, progress or Progress())
+        return _with_group(_load_split_set(source, model_source, progress or Progress()), source)
     header = model_source.header or read_header(model_source.path, source)
     shard = Shard(name=base_name(model_source.path), header=header)
-    return Model(
+    model = Model(
         name=model_source.name,
         path=model_source.path,
         metadata=header.metadata,
         shards=(shard,),
         warnings=header.warnings,
     )
+    return _with_group(model, source)
+
+
+def _with_group(model: Model, source: ByteSource) -> Model:
+    """``model`` with what the store says of the artifact holding it (an OCI manifest's digest, reference and
+    annotations in its metadata; layers left out in its warnings), where a store groups files so."""
+    group_of = getattr(source, "group_of", None)
+    group = group_of(model.path) if group_of is not None else None
+    if group is None:
+        return model
+    metadata = {**model.metadata, **{key: value for key, value in group.metadata.items() if key not in model.metadata}}
+    return replace(model, metadata=metadata, warnings=(*model.warnings, *group.warnings))
 
 
 def resolve(key: str, source: ByteSource | None = None, progress: Progress | None = None) -> list[Model]:

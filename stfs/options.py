@@ -92,6 +92,7 @@ SETTINGS: dict[str, Setting] = {
     "cache_dir": Setting("cache_dir", text),
     "cache_dir_size": Setting("cache_dir_size", size_bytes),
     "timeout": Setting("timeout", seconds),
+    "plain_http": Setting("plain_http", flag),
     "view": Setting("views", choice(*VIEWS), repeat=True),
 }
 

@@ -58,7 +58,7 @@ def named_source(text: str) -> str:
     if not is_url(url):
         if os.path.exists(text):
             return text
-        raise errors.SourceError(f"{shown}: not a source stfs reads (a local path, or an http(s), s3 or hf URL)")
+        raise errors.SourceError(f"{shown}: not a source stfs reads (a local path, or an http(s), s3, hf or oci URL)")
     problem = url_problem(url) if scheme in ("http", "https") else None
     if problem is not None:
         raise errors.SourceError(f"{shown}: not a valid URL: {problem}")
@@ -76,13 +76,16 @@ def open_source(
     cache_dir: str | None = None,
     cache_dir_size: int | None = None,
     mounting: bool = False,
+    plain_http: bool = False,
 ) -> tuple[ByteSource, str]:
     """The byte source SOURCE (as given on the command line) lives in, and its key there.
 
-    A URL (``http(s)://``, ``s3://``, ``hf://``) is a remote source (``cache_size``, ``timeout``,
-    ``cache_dir``, ``cache_dir_size`` apply; ``mounting`` refuses a server that ignores Range); anything else a
-    local path (``keep_source_cache`` leaves the source's page cache alone instead of dropping pages once served;
-    ``threads``: requests may come from several threads at once).
+    A URL (``http(s)://``, ``s3://``, ``hf://``, ``oci://``) is a remote source (``cache_size``, ``timeout``,
+    ``cache_dir``, ``cache_dir_size`` apply; ``mounting`` refuses a server that ignores Range; ``plain_http`` lets
+    a registry that is not on a loopback host be asked over HTTP); anything else a local path (``keep_source_cache``
+    leaves the source's page cache alone instead of dropping pages once served; ``threads``: requests may come
+    from several threads at once): an OCI image layout folder or an Ollama models folder (or manifest) is the
+    folder of files its artifacts make, blobs read in place.
     """
     if is_url(text):
         from .urls import open_remote  # obstore and its threads: only for the sources that need them
@@ -94,6 +97,16 @@ def open_source(
             cache_dir=cache_dir,
             cache_dir_size=cache_dir_size,
             ranges_required=mounting,
+            plain_http=plain_http,
         )
     source = LocalFiles(max_open=max_open_files, drop_behind=not keep_source_cache, threaded=threads)
+    from .oci import open_local_store
+
+    try:
+        store = open_local_store(text, source)
+    except BaseException:
+        source.close()
+        raise
+    if store is not None:
+        return store
     return source, os.path.abspath(text)

@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Protocol, runtime_checkable
 
 PAGE = 4096
-URL_SCHEMES = ("http://", "https://", "s3://", "hf://")
+URL_SCHEMES = ("http://", "https://", "s3://", "hf://", "oci://")
 DEFAULT_CACHE_SIZE = 1 << 30  # remote sources: fetched blocks kept in memory
 DEFAULT_TIMEOUT = 30.0  # remote sources: seconds before a read gives up
 

@@ -66,12 +66,13 @@ class HttpClient:
         etag: str | None = None,
         progress: Callable[[int], None] | None = None,
         query: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         """Fill ``into`` with the bytes of ``/path`` from ``lo`` (one ``Range`` GET, ``If-Match: etag``); each piece
         of the body read is reported to ``progress`` (its length) as it arrives. ``query``: this request's, in place
-        of the client's (a secret as that one is)."""
+        of the client's (a secret as that one is); ``headers``: this request's besides the client's (a token)."""
         hi = lo + len(into)
-        headers = dict(self.headers, Range=f"bytes={lo}-{hi - 1}")
+        headers = dict(self.headers, **(headers or {}), Range=f"bytes={lo}-{hi - 1}")
         if etag:
             headers["If-Match"] = etag
         target = _target(path, self.query if query is None else query)

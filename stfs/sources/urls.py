@@ -16,7 +16,7 @@ import urllib.parse
 from typing import Any
 
 from .. import errors
-from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, Kind, shown_url, url_problem
+from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, ByteSource, Kind, shown_url, url_problem
 from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
 from .http_client import HttpClient, ResolvingClient, SignedClient, https_context
@@ -313,13 +313,26 @@ def open_remote(
     cache_dir: str | None = None,
     cache_dir_size: int | None = None,
     ranges_required: bool = False,
-) -> tuple[RemoteFiles, str]:
-    """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision pinned);
-    ``ranges_required``: refuse a server that ignores Range (a mount) rather than stream from the start (info)."""
+    plain_http: bool = False,
+) -> tuple[ByteSource, str]:
+    """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision or registry
+    manifest pinned); ``ranges_required``: refuse a server that ignores Range (a mount) rather than stream from the
+    start (info); ``plain_http``: a registry not on a loopback host asked over HTTP."""
     try:
         disk = DiskCache(cache_dir, cache_dir_size or DEFAULT_MAX_BYTES) if cache_dir else None
     except OSError as exc:
         raise errors.SourceError(f"{cache_dir}: cannot keep a cache there: {exc.strerror or exc}") from None
+    if text.startswith("oci://"):
+        from .oci import open_registry
+
+        return open_registry(
+            text,
+            plain_http=plain_http,
+            cache_size=cache_size,
+            timeout=timeout,
+            ranges_required=ranges_required,
+            disk=disk,
+        )
     transport: Transport
     if text.startswith("hf://"):
         transport, key = _hub(text, timeout)

@@ -1,0 +1,183 @@
+"""A folder of named files, each a byte range of a file of another source: an artifact's layers, a tar's members.
+
+An OCI artifact (a registry's, an OCI image layout's, Ollama's) is a list of blobs; ``MappedFiles`` shows them
+as the files they are (``config.json``, ``model.safetensors``, the members of an unpacked tar) to discovery,
+the formats and the mount, and reads each from its blob: a ``RemoteFiles`` of the registry, or ``LocalFiles``
+of the blobs folder. A file that is a whole blob keeps its source's fast paths: the C side reads it from the
+blob's descriptor (local), or from the block cache its source shares (remote).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .base import ByteSource, FileInfo, Kind, SharedBlocks, join_key
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Where a named file's bytes are: ``size`` bytes of ``key`` (of the source below) from ``offset``;
+    ``whole``: the file is all of ``key``; ``sha256``: its digest where the store names it (a whole blob's)."""
+
+    key: str
+    offset: int
+    size: int
+    whole: bool = False
+    sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A folder of ``MappedFiles`` holding one artifact: the model it holds is named after the folder, and
+    ``metadata`` (the manifest's digest, reference and annotations) joins that model's ``metadata/``, ``warnings``
+    its warnings."""
+
+    key: str
+    metadata: Mapping[str, str]
+    warnings: tuple[str, ...] = ()  # layers left out (compressed), said once for the model
+
+
+class MappedFiles:
+    """A ``ByteSource`` of named files (``files``: key -> ``Piece``) read from ``below``."""
+
+    def __init__(self, below: ByteSource, files: Mapping[str, Piece], groups: list[Group] | None = None) -> None:
+        self.below = below
+        self.files = dict(files)
+        self.groups = {group.key: group for group in groups or []}
+        self.first_read = below.first_read
+        self.remote = below.remote
+        self.concurrency = below.concurrency
+        self._folders: set[str] = set()
+        for key in self.files:
+            folder = key
+            while True:
+                folder = folder.rsplit("/", 1)[0]
+                if folder in self._folders or "/" not in folder:
+                    break
+                self._folders.add(folder)
+        self._whole_by_blob: dict[str, str] = {}  # a blob's key below -> the one file that is all of it
+        for key, piece in sorted(self.files.items()):
+            if piece.whole:
+                self._whole_by_blob.setdefault(piece.key, key)
+        if hasattr(below, "descriptor"):
+            self.descriptor = self._descriptor
+        if hasattr(below, "share_blocks"):
+            self.share_blocks = self._share_blocks
+        if hasattr(below, "max_open"):
+            self.max_open = below.max_open
+        if hasattr(below, "drop_lag"):
+            self.drop_lag = below.drop_lag
+
+    # -- ByteSource
+
+    def kind(self, key: str) -> Kind | None:
+        if key in self.files:
+            return Kind.FILE
+        return Kind.FOLDER if key.rstrip("/") in self._folders else None
+
+    def walk(self, folder: str) -> list[str]:
+        prefix = folder.rstrip("/") + "/"
+        return sorted(key for key in self.files if key.startswith(prefix))
+
+    def stat(self, key: str) -> FileInfo:
+        piece = self._piece(key)
+        info = self.below.stat(piece.key)
+        return FileInfo(key=key, size=piece.size, mtime_ns=info.mtime_ns, version=f"{info.version}@{piece.offset}")
+
+    def read(self, key: str, offset: int, size: int) -> bytes:
+        piece = self._piece(key)
+        size = min(size, piece.size - offset)
+        return self.below.read(piece.key, piece.offset + offset, size) if size > 0 and offset >= 0 else b""
+
+    def read_into(self, key: str, offset: int, buffer: memoryview, span: tuple[int, int] | None = None) -> int:
+        piece = self._piece(key)
+        view = buffer if buffer.format == "B" else buffer.cast("B")
+        count = max(0, min(len(view), piece.size - offset))
+        if count == 0:
+            return 0
+        return self.below.read_into(piece.key, piece.offset + offset, view[:count], self._span(piece, span))
+
+    def splice_into(self, key: str, offset: int, count: int, pipe: int, span: tuple[int, int] | None = None) -> int:
+        piece = self._piece(key)
+        count = max(0, min(count, piece.size - offset))
+        if count == 0:
+            return 0
+        splice = self.below.splice_into  # type: ignore[attr-defined]
+        return int(splice(piece.key, piece.offset + offset, count, pipe, self._span(piece, span)))
+
+    def changed(self) -> list[str]:
+        changed = set(self.below.changed())
+        return sorted(key for key, piece in self.files.items() if piece.key in changed)
+
+    def listed_sha256(self, key: str) -> str | None:
+        return self._piece(key).sha256
+
+    def close(self) -> None:
+        self.below.close()
+
+    def transfer(self) -> dict[str, int]:
+        """What went over the wire (a remote source below), as ``RemoteFiles.transfer``."""
+        transfer = getattr(self.below, "transfer", None)
+        return transfer() if transfer is not None else {"requests": 0, "bytes": 0}
+
+    # -- what a store says of its artifacts
+
+    def group_of(self, key: str) -> Group | None:
+        """The artifact folder that holds ``key``, if any."""
+        folder = key
+        while "/" in folder:
+            folder = folder.rsplit("/", 1)[0]
+            if folder in self.groups:
+                return self.groups[folder]
+        return None
+
+    # -- fast paths of the source below, for files that are whole blobs
+
+    def _descriptor(self, key: str) -> tuple[int, int, int] | None:
+        piece = self.files.get(key)
+        if piece is None or not piece.whole:
+            return None  # a tar member: its offsets are not the blob's, Python reads it
+        return self.below.descriptor(piece.key)  # type: ignore[attr-defined]
+
+    def _share_blocks(self, shared: SharedBlocks) -> tuple[int, int, int]:
+        return self.below.share_blocks(_Renamed(shared, self._whole_by_blob))  # type: ignore[attr-defined]
+
+    # --
+
+    def _piece(self, key: str) -> Piece:
+        piece = self.files.get(key)
+        if piece is None:
+            raise FileNotFoundError(key)
+        return piece
+
+    @staticmethod
+    def _span(piece: Piece, span: tuple[int, int] | None) -> tuple[int, int]:
+        low, high = span if span is not None else (0, piece.size)
+        return piece.offset + low, piece.offset + min(high, piece.size)
+
+
+class _Renamed:
+    """A remote source's published blocks passed on under the name of the file that is their whole blob."""
+
+    def __init__(self, shared: SharedBlocks, names: dict[str, str]) -> None:
+        self._shared = shared
+        self._names = names
+
+    def publish(self, slot: int, key: str, block: int, lo: int, hi: int) -> None:
+        name = self._names.get(key)
+        if name is not None:
+            self._shared.publish(slot, name, block, lo, hi)
+
+    def withdraw(self, slot: int) -> bool:
+        return self._shared.withdraw(slot)
+
+    def changed(self, key: str) -> None:
+        name = self._names.get(key)
+        if name is not None:
+            self._shared.changed(name)
+
+
+def files_below(root: str, names: Mapping[str, Piece]) -> dict[str, Piece]:
+    """``names`` (relative paths) as keys below ``root``."""
+    return {join_key(root, name): piece for name, piece in names.items()}
