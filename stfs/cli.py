@@ -400,6 +400,11 @@ def cmd_check(args: argparse.Namespace) -> int:
                 problems += holding
             if not unsafe and not holding:
                 print(f"{model.path}: ok ({tensors} tensors{', values checked' if args.values else ''})")
+        check_blobs = getattr(source, "check_blobs", None)  # an OCI artifact's blobs: each against its digest
+        if args.values and check_blobs is not None:
+            for line in check_blobs():
+                print(line)
+                problems += 1
     return EXIT_OK if problems == 0 else EXIT_INVALID
 
 

@@ -9,10 +9,13 @@ blob's descriptor (local), or from the block cache its source shares (remote).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .base import ByteSource, FileInfo, Kind, SharedBlocks, join_key
+
+CHECK_CHUNK = 8 << 20  # bytes of a blob read at once to check its digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,7 @@ class Group:
     key: str
     metadata: Mapping[str, str]
     warnings: tuple[str, ...] = ()  # layers left out (compressed), said once for the model
+    blobs: tuple[tuple[str, str, int], ...] = ()  # the blobs read: (key below, digest, size), checked by check_blobs
 
 
 class MappedFiles:
@@ -131,6 +135,34 @@ class MappedFiles:
             if folder in self.groups:
                 return self.groups[folder]
         return None
+
+    def check_blobs(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        """Read every blob the groups name and compare it with its digest (a blob is content addressed); one line
+        for each that differs or cannot be read."""
+        problems = []
+        for group in self.groups.values():
+            for key, digest, size in group.blobs:
+                algorithm, _, expected = digest.partition(":")
+                hasher = hashlib.new(algorithm)
+                buffer = memoryview(bytearray(min(size, CHECK_CHUNK) or 1))
+                offset = 0
+                try:
+                    while offset < size:
+                        got = self.below.read_into(key, offset, buffer[: min(len(buffer), size - offset)])
+                        if got <= 0:
+                            raise OSError(f"it ends at byte {offset}")
+                        hasher.update(buffer[:got])
+                        offset += got
+                        if progress is not None:
+                            progress(got)
+                except OSError as exc:
+                    problems.append(f"{group.key}: blob {digest}: cannot read: {exc.strerror or exc}")
+                    continue
+                if hasher.hexdigest() != expected:
+                    problems.append(
+                        f"{group.key}: blob {digest} holds other bytes (their sha256 is {hasher.hexdigest()})"
+                    )
+        return problems
 
     # -- fast paths of the source below, for files that are whole blobs
 

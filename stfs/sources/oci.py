@@ -119,7 +119,12 @@ def open_registry(
         remote.close()
         raise
     metadata = {"oci.digest": artifact.digest, "oci.reference": shown, **artifact.annotations}
-    return MappedFiles(remote, files, [Group(root, metadata, artifact.warnings)]), root
+    return MappedFiles(remote, files, [_group(artifact, root, metadata, transport.blob_key)]), root
+
+
+def _group(artifact: Artifact, root: str, metadata: dict[str, str], blob_key: Callable[[str], str]) -> Group:
+    blobs = tuple(dict.fromkeys((blob_key(layer.digest), layer.digest, layer.size) for layer in artifact.layers))
+    return Group(root, metadata, artifact.warnings, blobs)
 
 
 def _resolve(registry: Registry, reference: str, shown: str) -> Artifact:
@@ -237,7 +242,7 @@ def _oci_layout(folder: str, local: ByteSource) -> tuple[MappedFiles, str]:
         root = folder if len(entries) == 1 else join_key(folder, name)
         files.update(artifact_files(artifact, root, blob, _local_read(local), where))
         metadata = {"oci.digest": artifact.digest, "oci.reference": ref, **artifact.annotations}
-        groups.append(Group(root, metadata, artifact.warnings))
+        groups.append(_group(artifact, root, metadata, blob))
     return MappedFiles(local, files, groups), folder
 
 
@@ -279,7 +284,7 @@ def _ollama(folder: str, local: ByteSource, manifests: list[str], single: bool) 
         root = manifest if single else join_key(folder, name)
         files.update(artifact_files(artifact, root, blob, _local_read(local), manifest))
         metadata = {"oci.digest": digest, "oci.reference": name, **artifact.annotations}
-        groups.append(Group(root, metadata, artifact.warnings))
+        groups.append(_group(artifact, root, metadata, blob))
     return MappedFiles(local, files, groups), manifests[0] if single else folder
 
 
