@@ -522,6 +522,8 @@ class Registry:
         self.executable = executable or find_tool("docker-registry") or "docker-registry"
         self.port = 0
         self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._repos = 0
 
     @property
     def host(self) -> str:
@@ -576,6 +578,14 @@ class Registry:
         if self._process is not None:
             _stop_process(self._process)
             self._process = None
+
+    def repo(self, hint: str = "model") -> str:
+        """A repository name no other test uses (distribution's grammar: lower case, digits, ``._-``, ``/``)."""
+        with self._lock:
+            self._repos += 1
+            number = self._repos
+        clean = re.sub(r"[^a-z0-9]+", "-", hint.lower()).strip("-")[:40] or "model"
+        return f"stfs/{clean}-{number}-{secrets.token_hex(3)}"
 
     @property
     def pid(self) -> int | None:
@@ -1025,7 +1035,10 @@ class BlobRedirector:
                 answer = connection.getresponse()
                 answer.read()
                 if answer.status != 200:
-                    self._send(handler, answer.status, answer.getheaders(), b"", head=True)
+                    if not head:  # the refusal's body (the registry's JSON errors) comes with a GET only
+                        connection.request("GET", urlsplit(path).path, headers=headers)
+                        answer = connection.getresponse()
+                    self._send(handler, answer.status, answer.getheaders(), answer.read(), head=head)
                     return
                 hexdigest = blob.group("hex")
                 location = f"{self.cdn_url}/cdn/sha256/{hexdigest}?{urlencode({'sig': self.signature(hexdigest)})}"
@@ -1145,10 +1158,11 @@ class RegistryClient:
         self._authorization[repo] = "Bearer " + (answer.get("token") or answer["access_token"])
         return True
 
-    def push_blob(self, repo: str, digest: str, data: bytes) -> None:
+    def push_blob(self, repo: str, digest: str, data: bytes) -> bool:
+        """Upload a blob in one PUT unless the repository has it: whether it was uploaded."""
         status, _, _ = self.request("HEAD", f"/v2/{repo}/blobs/{digest}", repo)
         if status == 200:
-            return
+            return False
         status, headers, body = self.request("POST", f"/v2/{repo}/blobs/uploads/", repo, body=b"")
         if status != 202:
             raise RuntimeError(f"blob upload to {repo} refused: {status} {body[:300]!r}")
@@ -1162,6 +1176,7 @@ class RegistryClient:
         )
         if status != 201:
             raise RuntimeError(f"blob {digest} to {repo}: {status} {body[:300]!r}")
+        return True
 
     def put_manifest(self, repo: str, ref: str, artifact: Artifact) -> str:
         headers = {"Content-Type": artifact.media_type}
@@ -1219,5 +1234,14 @@ def push_index(
 
 
 def auth_config(host: str, user: str, password: str) -> dict[str, Any]:
-    """A docker ``config.json``'s ``auths`` entry for HOST."""
+    """A docker ``config.json`` with an ``auths`` entry for HOST."""
     return {"auths": {host: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}}}
+
+
+def write_registry_auth_file(folder: Path, host: str, user: str, password: str) -> Path:
+    """``FOLDER/config.json`` as ``docker login HOST`` writes it (``REGISTRY_AUTH_FILE`` points at it), mode 0600."""
+    path = Path(folder) / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(auth_config(host, user, password), indent="\t"))
+    path.chmod(0o600)
+    return path
