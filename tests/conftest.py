@@ -1,5 +1,6 @@
 """Fixtures: FUSE availability, a ``mount`` that undoes every mount at teardown, and the real servers the
-remote tests run against (nginx, a Hub-shaped tree on it, moto's S3, a fault proxy), all on 127.0.0.1."""
+remote tests run against (nginx, a Hub-shaped tree on it, moto's S3, a fault proxy, an OCI registry with its token
+issuer and a blob-redirecting proxy), all on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from stfs import errors
 from stfs.daemon import mounted, unescape_mountinfo, unmount
 from tests.helpers import IN_CI, MountFn, need_fuse
+from tests.registry import BlobRedirector, Registry, TokenIssuer, write_registry_auth_file
 from tests.servers import S3, S3_ENV, FakeHub, FaultProxy, MotoServer, Nginx, TlsFiles, find_tool, make_tls
 
 
@@ -182,3 +186,125 @@ def fault_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Fau
     finally:
         for proxy in proxies:
             proxy.stop()
+
+
+# --- OCI registries (tests/registry.py) -------------------------------------------------------------------
+
+REGISTRY_USER, REGISTRY_PASSWORD = "stfs-puller", "Reg1stry-Pa55-never-shown"
+PUBLIC_REPO = "stfs/public-model"  # anonymous clients get pull on it from the token issuer
+TOKEN_LIFETIME = 300
+
+
+def _registry_executable() -> str:
+    executable = find_tool("docker-registry")
+    if executable is None:
+        _missing("docker-registry (Debian package docker-registry)")
+    assert executable is not None
+    return executable
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One plain registry for the session at ``registry.url`` (``registry.host`` for ``oci://``); each test takes
+    its own repositories with ``registry.repo("hint")``; ``tests.registry.push(registry, repo, tag, artifact)``."""
+    server = Registry(tmp_path_factory.mktemp("registry"), executable=_registry_executable())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class TokenRegistry:
+    """A registry that wants Docker tokens, its issuer, the user it knows and its public repository."""
+
+    registry: Registry
+    issuer: TokenIssuer
+    user: str
+    password: str
+    public_repo: str
+
+    @property
+    def host(self) -> str:
+        return self.registry.host
+
+    @property
+    def url(self) -> str:
+        return self.registry.url
+
+    @property
+    def credentials(self) -> tuple[str, str]:
+        return self.user, self.password
+
+    def repo(self, hint: str = "model") -> str:
+        return self.registry.repo(hint)
+
+
+@pytest.fixture(scope="session")
+def _token_registry_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Registry, TokenIssuer]]:
+    executable = _registry_executable()
+    workdir = tmp_path_factory.mktemp("token-registry")
+    issuer = TokenIssuer(workdir / "issuer", {REGISTRY_USER: REGISTRY_PASSWORD}, [PUBLIC_REPO], TOKEN_LIFETIME)
+    server = Registry(workdir / "registry", auth=issuer, executable=executable)
+    try:
+        issuer.start()
+        server.start()
+        yield server, issuer
+    finally:
+        server.stop()
+        issuer.stop()
+
+
+@pytest.fixture
+def token_registry(
+    _token_registry_servers: tuple[Registry, TokenIssuer], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[TokenRegistry]:
+    """The session's token-auth registry with its issuer's record cleared: ``user``/``password`` may pull and push
+    anywhere, anonymous may pull ``public_repo`` only. A test may set ``issuer.expires_in`` (e.g. 3 s) or add to
+    ``issuer.public``: both are restored after it."""
+    server, issuer = _token_registry_servers
+    _local_only(monkeypatch)
+    issuer.clear()
+    public = set(issuer.public)
+    try:
+        yield TokenRegistry(server, issuer, REGISTRY_USER, REGISTRY_PASSWORD, PUBLIC_REPO)
+    finally:
+        issuer.expires_in = TOKEN_LIFETIME
+        issuer.public = public
+        issuer.clear()
+
+
+def _redirector(registry: Registry) -> Iterator[BlobRedirector]:
+    proxy = BlobRedirector(registry)
+    try:
+        proxy.start()
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture
+def blob_redirector(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> Iterator[BlobRedirector]:
+    """A proxy at ``blob_redirector.url`` in front of ``registry`` that answers blob reads with a 307 to its CDN at
+    ``http://localhost:PORT`` (``cdn_requests()`` tells what reached it); push through ``registry`` or the proxy."""
+    _local_only(monkeypatch)
+    yield from _redirector(registry)
+
+
+@pytest.fixture
+def token_blob_redirector(token_registry: TokenRegistry) -> Iterator[BlobRedirector]:
+    """The same in front of the token-auth registry: a blob read without a valid token gets the registry's 401."""
+    yield from _redirector(token_registry.registry)
+
+
+@pytest.fixture
+def registry_auth_file(tmp_path: Path) -> Callable[[str, str, str], Path]:
+    """``registry_auth_file(host, user, password) -> path`` of a docker ``config.json`` with that login (tests set
+    ``REGISTRY_AUTH_FILE`` to it)."""
+    folder = tmp_path / "registry-auth"
+
+    def write(host: str, user: str, password: str) -> Path:
+        return write_registry_auth_file(folder, host, user, password)
+
+    return write
