@@ -7,8 +7,11 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
     fuse3 libfuse3-3 libfuse3-dev pkg-config jq attr bsdextrautils util-linux mount gcc libc6-dev coreutils python3-venv \
-    nginx-light \
-    squashfuse squashfs-tools  # nginx: the remote tests' HTTP and Hub server; squashfuse_ll: bench_find.py's peer
+    nginx-light docker-registry \
+    squashfuse squashfs-tools  # nginx: the remote tests' HTTP and Hub server; docker-registry: their OCI registry
+                               # (tests/registry.py); squashfuse_ll: bench_find.py's peer
+# The package starts its own registry on :5000 where systemd runs; the tests start theirs.
+$SUDO systemctl disable --now docker-registry 2>/dev/null || true
 python3 -m pip install -q --disable-pip-version-check -e ".[test]"
 # lpips 0.1.4's weights (torch.save's older layout, protocol 2) for tests/test_pytorch_mount.py: the wheel only,
 # never installed (it would pull torchvision and another torch)

@@ -98,7 +98,7 @@ def _descriptor(media_type: str, data: bytes, annotations: dict[str, str] | None
     return found
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Artifact:
     """A manifest (or index) and the blobs it names: what a tool pushes, or writes in a local store."""
 
@@ -282,13 +282,12 @@ def modelpack(
         media_type = f"application/vnd.cncf.model.{kinds[path]}.v1.{suffix}"
         layers.append(_descriptor(media_type, blob, {FILEPATH: path, FILE_METADATA: _file_metadata(path, len(data))}))
         blobs[sha256_digest(blob)] = blob
+    technical = {"architecture": "transformer", "format": _weight_format(list(files))}
     config = {
         "descriptor": {"createdAt": FIXED_TIME, "family": family, "name": name},
         "modelfs": {"type": "layers", "diffIds": [layer["digest"] for layer in layers]},
-        "config": {"architecture": "transformer", "format": _weight_format(list(files))},
+        "config": {key: value for key, value in technical.items() if value},  # Go's omitempty
     }
-    if not config["config"]["format"]:
-        del config["config"]["format"]
     config_bytes = go_json(config)
     blobs[sha256_digest(config_bytes)] = config_bytes
     manifest: dict[str, Any] = {
@@ -415,12 +414,12 @@ def docker_model_runner(
             notes = {FILEPATH: name, FILE_METADATA: _file_metadata(name, len(data)), MEDIATYPE_UNTESTED: "false"}
         layers.append(_descriptor(media_type, data, notes))
     blobs = {sha256_digest(data): data for _, _, data in parts}
+    size = f"{sum(len(data) for _, _, data in parts)} B"
     config = {
-        "config": {"format": "gguf" if gguf is not None else "safetensors", "quantization": "Q8_0", "size": ""},
+        "config": {"format": "gguf" if gguf is not None else "safetensors", "quantization": "Q8_0", "size": size},
         "descriptor": {"created": FIXED_TIME},
         "rootfs": {"type": "layers", "diff_ids": [layer["digest"] for layer in layers]},
     }
-    config["config"]["size"] = f"{sum(len(d) for _, _, d in parts)} B"
     config_bytes = go_json(config)
     blobs[sha256_digest(config_bytes)] = config_bytes
     manifest = {
