@@ -42,7 +42,7 @@ def _model_report(model: Model) -> dict[str, Any]:
         "source": model.path,
         "name": model.name,
         "sharded": model.is_sharded,
-        "metadata": dict(model.metadata),
+        "metadata": dict(model.shown_metadata),
         "tensors": tensors,
         "dtypes": dict(sorted(dtypes.items())),
         "totals": _totals(tensors),

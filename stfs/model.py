@@ -84,6 +84,14 @@ class Model:
     warnings: tuple[str, ...] = field(default=())
     split: bool = False  # a split set: sharded without an index
     json_made: bytes | None = None  # a sharded set's header.json, where its format makes it (a split set)
+    store_metadata: Mapping[str, str] = field(default_factory=dict)  # what its store says (an OCI manifest's digest)
+
+    @property
+    def shown_metadata(self) -> Mapping[str, str]:
+        """What ``metadata/`` shows: the headers' metadata, then its store's keys that they lack."""
+        if not self.store_metadata:
+            return self.metadata
+        return {**self.metadata, **{key: v for key, v in self.store_metadata.items() if key not in self.metadata}}
 
     @property
     def is_sharded(self) -> bool:
@@ -358,8 +366,7 @@ def _with_group(model: Model, source: ByteSource) -> Model:
     group = group_of(model.path) if group_of is not None else None
     if group is None:
         return model
-    metadata = {**model.metadata, **{key: value for key, value in group.metadata.items() if key not in model.metadata}}
-    return replace(model, metadata=metadata, warnings=(*model.warnings, *group.warnings))
+    return replace(model, store_metadata=group.metadata, warnings=(*model.warnings, *group.warnings))
 
 
 def resolve(key: str, source: ByteSource | None = None, progress: Progress | None = None) -> list[Model]:

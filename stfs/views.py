@@ -72,7 +72,7 @@ def header_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
     else:
         header = model.shards[0].header
         tree.add_file([*base, "header.json"], mtime, (_header_json(header),))
-    _add_metadata(tree, [*base, "metadata"], model.metadata, mtime)
+    _add_metadata(tree, [*base, "metadata"], model.shown_metadata, mtime)
 
 
 def shard_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:

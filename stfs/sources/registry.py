@@ -390,8 +390,8 @@ def _not_found(body: bytes, reference: str) -> str:
     if "NAME_UNKNOWN" in codes:
         return "no such repository (or no access to it)"
     if reference.startswith("sha256:"):
-        return "no such manifest digest in the repository"
-    return f"no such tag {reference!r} in the repository"
+        return "no such manifest in the repository, or no such repository"
+    return f"no such tag {reference!r} in the repository, or no such repository"
 
 
 class BlobClient:
