@@ -446,3 +446,8 @@ def test_an_ollama_models_folder(mount: MountFn, tmp_path: Path) -> None:
         "diff", "-q", str(manifests / "q8"), str(store / "manifests" / "hf.co" / "org" / "other" / "latest")
     )
     assert same.returncode == 0, same.stdout + same.stderr
+    blobs = stfs_command("info", str(store / "blobs"))
+    assert blobs.returncode == 1 and f"mount {store}" in blobs.stderr
+    (blob,) = [path for path in (store / "blobs").iterdir() if path.read_bytes() == q4]
+    alone = stfs_command("info", str(blob))  # a blob file alone: recognised by its first bytes
+    assert alone.returncode == 0 and "token_embd.weight" in alone.stdout, alone.stderr

@@ -255,6 +255,11 @@ def _ollama_root(path: str) -> str | None:
             inside = os.path.relpath(path, here)
             if inside == "." or inside == "manifests" or inside.startswith("manifests" + os.sep):
                 return here
+            if inside == "blobs":  # its files have no names to find models by: the manifests give them
+                raise errors.SourceError(
+                    f"{path}: the blobs of an Ollama models folder; mount {here} (every model by name), a manifest "
+                    "of it, or one blob file"
+                )
             return None
         parent = os.path.dirname(here)
         if parent == here:
