@@ -101,7 +101,9 @@ def open_registry(
     reference = parse_reference(text, plain_http)
     registry = Registry(reference, timeout)
     shown = reference.shown
-    artifact = _resolve(registry, reference.digest or reference.tag or "latest", shown)
+    artifact = follow_to_manifest(
+        lambda name: registry.manifest(name, ACCEPT), reference.digest or reference.tag or "latest", shown
+    )
     sizes = {layer.digest: layer.size for layer in artifact.layers}
     transport = OciTransport(registry, sizes, _mtime_ns(artifact.created), timeout)
     remote = RemoteFiles(
@@ -127,20 +129,22 @@ def _group(artifact: Artifact, root: str, metadata: dict[str, str], blob_key: Ca
     return Group(root, metadata, artifact.warnings, blobs)
 
 
-def _resolve(registry: Registry, reference: str, shown: str) -> Artifact:
-    """The manifest ``reference`` names (an index followed to the manifest it stands for), read."""
+def follow_to_manifest(fetch: Callable[[str], tuple[bytes, str | None]], reference: str, where: str) -> Artifact:
+    """The manifest ``reference`` (a tag or a digest) names, read; ``fetch(reference)`` gives a manifest's or an
+    index's bytes and the media type its store says. An index is followed to the manifest it stands for; bytes
+    fetched by digest must have that digest."""
     for _ in range(MAX_INDEX_DEPTH):
-        body, told = registry.manifest(reference, ACCEPT)
-        digest = "sha256:" + _sha256(body)
+        body, told = fetch(reference)
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if reference.startswith("sha256:") and digest != reference:
-            raise errors.SourceError(f"{shown}: the registry sent a manifest whose digest is {digest}, not {reference}")
-        document = parse_json(body, shown)
+            raise errors.SourceError(f"{where}: the manifest {reference} holds other bytes (their digest is {digest})")
+        document = parse_json(body, where)
         media_type = media_type_of(document, told)
         if media_type in INDEX_TYPES:
-            reference = choose_manifest(document, shown)
+            reference = choose_manifest(document, where)
             continue
-        return read_manifest(document, digest, media_type, shown)
-    raise errors.SourceError(f"{shown}: image indexes nested more than {MAX_INDEX_DEPTH} deep")
+        return read_manifest(document, digest, media_type, where)
+    raise errors.SourceError(f"{where}: image indexes nested more than {MAX_INDEX_DEPTH} deep")
 
 
 def artifact_files(
@@ -182,10 +186,6 @@ def artifact_files(
         if key in folders:
             raise errors.SourceError(f"{where}: {key[len(root) + 1 :]!r} is both a file and a folder of the artifact")
     return files
-
-
-def _sha256(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
 
 
 def _mtime_ns(created: str | None) -> int:
@@ -234,7 +234,7 @@ def _oci_layout(folder: str, local: ByteSource) -> tuple[MappedFiles, str]:
         digest = check_digest(entry.get("digest"), index_path)
         ref = str((entry.get("annotations") or {}).get(REF_NAME) or "") or f"sha256-{digest[7:19]}"
         where = f"{folder} ({ref})"
-        artifact = _local_artifact(blob, digest, where)
+        artifact = follow_to_manifest(lambda name: (_read_file(blob(name)), None), digest, where)
         name = _safe_name(ref, where)
         if name in named:
             raise errors.SourceError(f"{index_path}: two manifests are named {name!r}")
@@ -283,7 +283,7 @@ def _ollama(folder: str, local: ByteSource, manifests: list[str], single: bool) 
         host, namespace, model, tag = parts
         name = f"{namespace}/{model}:{tag}" if host == OLLAMA_HOST else f"{host}/{namespace}/{model}:{tag}"
         body = _read_file(manifest)
-        digest = "sha256:" + _sha256(body)
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
         document = parse_json(body, manifest)
         artifact = read_manifest(document, digest, media_type_of(document, None), manifest)
         root = manifest if single else join_key(folder, name)
@@ -291,20 +291,6 @@ def _ollama(folder: str, local: ByteSource, manifests: list[str], single: bool) 
         metadata = {"oci.digest": digest, "oci.reference": name, **artifact.annotations}
         groups.append(_group(artifact, root, metadata, blob))
     return MappedFiles(local, files, groups), manifests[0] if single else folder
-
-
-def _local_artifact(blob: Callable[[str], str], digest: str, where: str) -> Artifact:
-    for _ in range(MAX_INDEX_DEPTH):
-        body = _read_file(blob(digest))
-        if "sha256:" + _sha256(body) != digest:
-            raise errors.SourceError(f"{where}: blob {digest} does not hold the bytes its digest names")
-        document = parse_json(body, where)
-        media_type = media_type_of(document, None)
-        if media_type in INDEX_TYPES:
-            digest = choose_manifest(document, where)
-            continue
-        return read_manifest(document, digest, media_type, where)
-    raise errors.SourceError(f"{where}: image indexes nested more than {MAX_INDEX_DEPTH} deep")
 
 
 def _local_read(local: ByteSource) -> Callable[[str, int, int], bytes]:
