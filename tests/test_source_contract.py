@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from stfs.sources import ByteSource, Kind, LocalFiles, SpliceSource, join_key, open_source, parent_key, relative_key
+from stfs.sources.mapped import MappedFiles
+from tests.registry import Artifact, make_tar, oras, push, sha256_digest, write_oci_layout
 
 Files = dict[str, bytes]
 
@@ -66,7 +68,50 @@ def _hub_over_tls(request: pytest.FixtureRequest, folder: Path, files: Files) ->
     return open_source("hf://org/contract")
 
 
-SETUPS = [Setup("local", _local), Setup("s3", _s3), Setup("hub", _hub), Setup("hub-https", _hub_over_tls)]
+def _oci(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
+    """ORAS's layout: a layer per file, named by its title (the blobs read by Range from a real registry)."""
+    registry = request.getfixturevalue("registry")
+    repo = registry.repo("contract")
+    push(registry, repo, "v1", oras(files))
+    return open_source(f"oci://{registry.host}/{repo}:v1")
+
+
+def _oci_tar(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
+    """ModelPack's tar layers: each file a member of a tar, a range of its blob."""
+    registry = request.getfixturevalue("registry")
+    repo = registry.repo("contract-tar")
+    push(registry, repo, "v1", modelpack_any(files))
+    return open_source(f"oci://{registry.host}/{repo}:v1")
+
+
+def modelpack_any(files: Files) -> Artifact:
+    """ModelPack's tar layers for files of any name (modctl's own kinds know model files' names only)."""
+    base = oras({})
+    layers, blobs = [], dict(base.blobs)
+    for name, data in files.items():
+        blob = make_tar({name: data})
+        digest = sha256_digest(blob)
+        blobs[digest] = blob
+        media_type = "application/vnd.cncf.model.weight.v1.tar"
+        layers.append({"mediaType": media_type, "digest": digest, "size": len(blob), "annotations": {}})
+    return Artifact({**base.manifest, "layers": layers}, base.media_type, blobs)
+
+
+def _oci_layout(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
+    """An OCI image layout on disk, its blobs read in place."""
+    write_oci_layout(folder, {"v1": oras(files)})
+    return open_source(str(folder))
+
+
+SETUPS = [
+    Setup("local", _local),
+    Setup("s3", _s3),
+    Setup("hub", _hub),
+    Setup("hub-https", _hub_over_tls),
+    Setup("oci", _oci),
+    Setup("oci-tar", _oci_tar),
+    Setup("oci-layout", _oci_layout),
+]
 
 FILES: Files = {
     "a.safetensors": random.Random(1).randbytes(1_000_000),  # blocks of it longer than an HTTPS read's slice
@@ -147,7 +192,9 @@ def test_a_listed_sha256_is_the_files(published: tuple[ByteSource, str]) -> None
     for relative, sha256 in listed.items():
         assert sha256 is None or sha256 == hashlib.sha256(FILES[relative]).hexdigest(), relative
     hub = type(source).__name__ == "RemoteFiles" and root.startswith("hf://")
-    assert (listed["a.safetensors"] is not None) == hub  # .safetensors files go to the Hub's LFS
+    # an OCI artifact's file that is a whole blob: the blob's digest is its sha256 (a tar member's is not)
+    whole_blob = isinstance(source, MappedFiles) and source.files[join_key(root, "a.safetensors")].whole
+    assert (listed["a.safetensors"] is not None) == (hub or whole_blob)  # .safetensors files go to the Hub's LFS
 
 
 def test_splice_moves_the_same_bytes(published: tuple[ByteSource, str]) -> None:
