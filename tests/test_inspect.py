@@ -274,6 +274,29 @@ def test_no_stats_for_c64(inspected: Mounted) -> None:
     assert os.path.exists(complex_tensor.path(inspected.root, "stats").replace("c64.json", "f32.json"))
 
 
+@pytest.mark.parametrize("dtype", ["F32", "F64", "F16", "BF16"])  # two passes (F32, F64), one count of codes
+def test_zeros_of_either_sign_are_written_0(tmp_path: Path, mount: MountFn, dtype: str) -> None:
+    """An all-zero tensor's abs_max, and min, max, mean, std and edges of tensors of -0.0 only or of both signs, are
+    0.0: never -0.0, whatever the sign of the zeros."""
+    source = tmp_path / "zeros.safetensors"
+    numpy_dtype = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "BF16": ml_dtypes.bfloat16}[dtype]
+    tensors = {
+        "plus": np.zeros(6, dtype=numpy_dtype),
+        "minus": np.full(6, -0.0, dtype=numpy_dtype),
+        "both": np.array([-0.0, 0.0, -0.0, 0.0], dtype=numpy_dtype),
+    }
+    write_serialized(source, {name: (dtype, list(a.shape), a.tobytes()) for name, a in tensors.items()})
+    root = mount(str(source), options=["view=stats"])
+    for name, values in tensors.items():
+        with open(os.path.join(root, "stats", f"{name}.json")) as stream:
+            text = stream.read()
+        document = json.loads(text)
+        assert "-0" not in text, (name, text)
+        numbers = [document[key] for key in ("min", "max", "mean", "std", "abs_max")] + document["histogram"]["edges"]
+        assert all(number == 0.0 and math.copysign(1.0, number) == 1.0 for number in numbers), (name, numbers)
+        assert document["zeros"] == document["count"] == len(values)
+
+
 def test_grep_and_jq_find_the_tensors_holding_a_nan(inspected: Mounted) -> None:
     stats = Path(inspected.root, "packed", "stats")
     holding = {
