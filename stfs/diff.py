@@ -97,6 +97,7 @@ class Result:
     max_abs: float | None = None
     where: list[int] | None = None
     rel_l2: float | None = None
+    nonfinite: dict[str, int] | None = None  # values compared: the elements differing for a NaN or an inf, by kind
 
     @property
     def equal(self) -> bool:
@@ -115,6 +116,7 @@ def _tallied(name: str, status: str, a: Tensor, b: Tensor, tally: Tally) -> Resu
         max_abs=tally.max_abs if found else None,
         where=index_of(tally.where, a.shape) if found else None,
         rel_l2=tally.rel_l2,
+        nonfinite=tally.nonfinite,
     )
 
 
@@ -342,9 +344,21 @@ def _number(value: float) -> str:
     return repr(value)
 
 
+_NONFINITE_WORDS = {
+    "nan_only_a": "NaN in A only",
+    "nan_only_b": "NaN in B only",
+    "inf_only_a": "inf in A only",
+    "inf_only_b": "inf in B only",
+    "inf_opposite": "+inf against -inf",
+}
+
+
 def _values_found(result: Result) -> str:
     assert result.a is not None and result.differ is not None
     text = f"{result.differ} of {result.a.parameters} values differ"
+    kinds = [f"{n} {_NONFINITE_WORDS[kind]}" for kind, n in (result.nonfinite or {}).items() if n]
+    if kinds:
+        text += f" ({', '.join(kinds)})"
     if result.max_abs is not None:
         text += f", max |a-b| {_number(result.max_abs)} at {result.where}"
     if result.rel_l2 is not None:
@@ -407,6 +421,8 @@ def to_json(report: Report) -> dict[str, Any]:
                 "where": result.where,
                 "rel_l2": _finite(result.rel_l2),
             }
+            if result.nonfinite is not None:
+                entry["nonfinite"] = result.nonfinite
         tensors.append(entry)
     return {"a": report.a, "b": report.b, "tensors": tensors, "summary": report.counts}
 
