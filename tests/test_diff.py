@@ -57,6 +57,7 @@ def test_a_single_file_and_a_sharded_set_of_the_same_tensors_are_the_same(
         "only_a": 0,
         "only_b": 0,
         "changed_type": 0,
+        "tied": 0,
     }
     assert {t["status"] for t in document["tensors"]} == {"identical"}
     assert [t["name"] for t in document["tensors"]] == sorted(tensors)
@@ -163,6 +164,7 @@ def test_added_removed_retyped_and_reshaped(tmp_path: Path, capsys: pytest.Captu
         "only_a": 1,
         "only_b": 1,
         "changed_type": 3,
+        "tied": 0,
     }
 
 
