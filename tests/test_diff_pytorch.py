@@ -91,21 +91,13 @@ def test_check_values_names_the_c_order_index_in_a_strided_tensor(
 
 
 def tiny_tied_llama(tmp_path: Path) -> tuple[Any, Path, Path]:
-    """A tiny Llama whose lm_head is tied to its embeddings: (the model, its pytorch_model.bin as transformers wrote
-    one, ``torch.save`` of the state dict: both names on one storage; the folder ``save_pretrained`` wrote, whose
-    model.safetensors leaves the tied lm_head.weight out)."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(8)
-    model = transformers.LlamaForCausalLM(config)
+    """A tiny Llama whose lm_head is tied to its embeddings: (the model; its pytorch_model.bin as transformers wrote
+    one, ``torch.save`` of the state dict, both names on one storage; the model.safetensors ``save_pretrained``
+    writes, which leaves the tied lm_head.weight out)."""
+    pytest.importorskip("transformers")
+    from tests.test_pytorch_transformers import tiny_llama
+
+    model: Any = tiny_llama(tied=True)
     state = model.state_dict()
     assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
     binary = tmp_path / "bin" / "pytorch_model.bin"
