@@ -90,7 +90,7 @@ def in_process(source: str, size_mib: int) -> dict[str, float]:
     import numpy as np
 
     from stfs.chunks import TensorBytes
-    from stfs.heatmap import colours, encode, pixel_sums
+    from stfs.heatmap import colour_scale, colours, encode, pixel_means, pixel_sums
     from stfs.tensor_stats import summarize
 
     with open(source, "rb") as stream:
@@ -115,16 +115,18 @@ def in_process(source: str, size_mib: int) -> dict[str, float]:
         summarize(tensor)
         found["stats_s_per_mb"] = (time.perf_counter() - started) / megabytes
         started = time.perf_counter()
-        sums, finite, abs_max = pixel_sums(tensor)
+        sums, finite, _ = pixel_sums(tensor)
         found["pixel_sums_s_per_mb"] = (time.perf_counter() - started) / megabytes
     finally:
         os.close(fd)
-    rgb = colours(sums, finite, abs_max)
+    means = pixel_means(sums, finite)
+    scale, m = colour_scale(means[finite > 0])
+    rgb = colours(means, finite, m)
     started = time.perf_counter()
     for _ in range(5):
-        encode(rgb)
+        encode(rgb, scale, m)
     found["zlib_level0_encode_s"] = (time.perf_counter() - started) / 5
-    found["zlib_level0_bytes"] = len(encode(rgb))
+    found["zlib_level0_bytes"] = len(encode(rgb, scale, m))
     found["zlib_level6_bytes"] = len(zlib.compress(np.ascontiguousarray(rgb).tobytes(), 6))
     try:
         from PIL import Image

@@ -45,8 +45,8 @@ from .values import (
     values_per_chunk,
 )
 
-STATUSES = ("identical", "close", "different", "only_a", "only_b", "changed_type")
-EQUAL = frozenset({"identical", "close"})
+STATUSES = ("identical", "close", "different", "only_a", "only_b", "changed_type", "tied")
+EQUAL = frozenset({"identical", "close", "tied"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,8 @@ class Result:
     max_abs: float | None = None
     where: list[int] | None = None
     rel_l2: float | None = None
+    nonfinite: dict[str, int] | None = None  # values compared: the elements differing for a NaN or an inf, by kind
+    tied_to: str | None = None  # status "tied": the tensor of both sides whose storage it shares in its side
 
     @property
     def equal(self) -> bool:
@@ -115,6 +117,7 @@ def _tallied(name: str, status: str, a: Tensor, b: Tensor, tally: Tally) -> Resu
         max_abs=tally.max_abs if found else None,
         where=index_of(tally.where, a.shape) if found else None,
         rel_l2=tally.rel_l2,
+        nonfinite=tally.nonfinite,
     )
 
 
@@ -176,8 +179,38 @@ def compare_sides(a: Side, b: Side, *, atol: float = 0.0, rtol: float = 0.0, pro
         results += [comparison.compare(name, ta, tb) for name, ta, tb in to_read]
     finally:
         bar.close()
+    ties = _ties(a, b), _ties(b, a)
+    results = [_tied(result, ties) for result in results]
     results.sort(key=lambda result: result.name)
     return Report(a.shown, b.shown, tuple(results), a.warnings + b.warnings)
+
+
+def _tied(result: Result, ties: tuple[dict[str, str], dict[str, str]]) -> Result:
+    """``result`` as ``tied`` where it is a tensor of one side only that ``_ties`` found sharing a storage."""
+    side = {"only_a": 0, "only_b": 1}.get(result.status)
+    tied_to = None if side is None else ties[side].get(result.name)
+    return result if tied_to is None else Result(result.name, "tied", result.a, result.b, tied_to=tied_to)
+
+
+def _ties(own: Side, other: Side) -> dict[str, str]:
+    """The tensors of ``own`` only that share their storage (one range: the same bytes of the same file, dtype and
+    shape; a checkpoint's two names on one storage, as a tied ``lm_head.weight``'s) with a tensor ``other`` has too,
+    each with the first such tensor by name: ``other`` left it out as ``save_pretrained`` leaves a tied weight out."""
+    only = [name for name in own.tensors if name not in other.tensors]
+    if not only:
+        return {}
+    in_both: dict[tuple[object, ...], str] = {}
+    for name in sorted(name for name in own.tensors if name in other.tensors):
+        in_both.setdefault(_storage(own.tensors[name]), name)
+    found = {name: in_both.get(_storage(own.tensors[name])) for name in only if not own.tensors[name].scattered}
+    return {name: tied_to for name, tied_to in found.items() if tied_to is not None}
+
+
+def _storage(tensor: Tensor) -> tuple[object, ...]:
+    """Where a tensor's bytes lie, as one range (a strided tensor's are gathered: never tied, its key its own)."""
+    if tensor.scattered is not None:
+        return (tensor.name,)
+    return (tensor.file, tensor.offset, tensor.size, tensor.dtype, tensor.shape)
 
 
 def _read(a: Tensor, b: Tensor) -> bool:
@@ -342,9 +375,21 @@ def _number(value: float) -> str:
     return repr(value)
 
 
+_NONFINITE_WORDS = {
+    "nan_only_a": "NaN in A only",
+    "nan_only_b": "NaN in B only",
+    "inf_only_a": "inf in A only",
+    "inf_only_b": "inf in B only",
+    "inf_opposite": "+inf against -inf",
+}
+
+
 def _values_found(result: Result) -> str:
     assert result.a is not None and result.differ is not None
     text = f"{result.differ} of {result.a.parameters} values differ"
+    kinds = [f"{n} {_NONFINITE_WORDS[kind]}" for kind, n in (result.nonfinite or {}).items() if n]
+    if kinds:
+        text += f" ({', '.join(kinds)})"
     if result.max_abs is not None:
         text += f", max |a-b| {_number(result.max_abs)} at {result.where}"
     if result.rel_l2 is not None:
@@ -360,6 +405,11 @@ def line(result: Result) -> str | None:
         return f"- {name}  {_dtype_shape(a)}"
     if result.status == "only_b" and b is not None:
         return f"+ {name}  {_dtype_shape(b)}"
+    if result.status == "tied" and result.tied_to is not None:
+        tensor, side, other = (a, "A", "B") if a is not None else (b, "B", "A")
+        assert tensor is not None
+        tied_to = printable(result.tied_to)
+        return f"= {name}  {_dtype_shape(tensor)}: tied in {side} to {tied_to} (one storage), which {other} has"
     if result.equal or a is None or b is None:
         return None
     if result.status == "changed_type":
@@ -373,15 +423,17 @@ def line(result: Result) -> str | None:
 
 def summary_line(report: Report) -> str:
     counts = report.counts
+    tied = f", {counts['tied']} tied" if counts["tied"] else ""
     return (
         f"{len(report.results)} tensors: {counts['identical']} identical, {counts['close']} close, "
         f"{counts['different']} different, {counts['only_a']} only in A, {counts['only_b']} only in B, "
-        f"{counts['changed_type']} with another dtype or shape"
+        f"{counts['changed_type']} with another dtype or shape{tied}"
     )
 
 
 def render_text(report: Report) -> str:
-    """A line per tensor that is not equal in both (``-``, ``+``, ``!``, ``~``), then the summary line."""
+    """A line per tensor that is not equal in both (``-``, ``+``, ``!``, ``~``) or tied in one (``=``), then the
+    summary line."""
     lines = [found for found in map(line, report.results) if found is not None]
     return "\n".join([*lines, summary_line(report)])
 
@@ -407,6 +459,10 @@ def to_json(report: Report) -> dict[str, Any]:
                 "where": result.where,
                 "rel_l2": _finite(result.rel_l2),
             }
+            if result.nonfinite is not None:
+                entry["nonfinite"] = result.nonfinite
+        if result.tied_to is not None:
+            entry["tied_to"] = result.tied_to
         tensors.append(entry)
     return {"a": report.a, "b": report.b, "tensors": tensors, "summary": report.counts}
 

@@ -3,13 +3,17 @@
 The tensor is R rows x C columns (R = ``shape[0]``, C the product of the others; 1-D: one row; 0-D: 1 x 1).
 Pixel (i, j) is the mean of the finite values of rows ``i*R//h .. (i+1)*R//h - 1`` and columns
 ``j*C//w .. (j+1)*C//w - 1`` (``h = min(R, 1024)``, ``w = min(C, 1024)``), summed in float64 in one pass
-over the tensor in chunks; with m the ``abs_max`` of the whole tensor and t = round(255 |v| / m) (half to
-even, as ``numpy.rint``): red (255, 255-t, 255-t) for v > 0, blue (255-t, 255-t, 255) for v < 0, white for
-v = 0 or m = 0, black where no value is finite.
+over the tensor in chunks. The colour scale m is what the picture shows, not the tensor's largest value (one
+outlier would wash everything else out): the 99th percentile of |v| over the pixels v that have a finite value,
+by nearest rank (the k-th smallest, k = ceil(0.99 n)), or the largest |v| where that is 0 (a sparse tensor).
+With t = min(255, round(255 |v| / m)) (half to even, as ``numpy.rint``): red (255, 255-t, 255-t) for v > 0,
+blue (255-t, 255-t, 255) for v < 0, white for v = 0 or m = 0, black where no value is finite.
 
 The PNG is 8-bit RGB, unfiltered, in one IDAT chunk compressed by the standard library's zlib at level 0
 (stored blocks): the length of a stored deflate stream depends on the length of its input only, never on
-the bytes, so the file's size follows from the shape (``png_size``, measured once per image size on zeros).
+the bytes. Two tEXt chunks say which scale was used: ``stfs.scale`` (``p99 of |pixel|`` or ``max of |pixel|``,
+one length) and ``stfs.scale.value`` (m's ``repr``, padded with spaces to the longest a float64's can be). So
+the file's size follows from the shape (``png_size``, measured once per image size on zeros).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from .formats import TensorEntry
 MAX_SIDE = 1024
 INTEGERS = frozenset({"U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"})
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PERCENTILE = "p99 of |pixel|"
+LARGEST = "max of |pixel|"  # where the percentile is 0: as long as PERCENTILE, so the file's size does not change
+_VALUE_WIDTH = 24  # characters: no positive float64's repr is longer (2.2250738585072014e-308 has 23)
 
 
 def has_heatmap(entry: TensorEntry) -> bool:
@@ -50,17 +57,28 @@ def png_size(shape: tuple[int, ...]) -> int:
 
 @cache
 def _png_size(height: int, width: int) -> int:
-    return len(encode(np.zeros((height, width, 3), dtype=np.uint8)))
+    return len(encode(np.zeros((height, width, 3), dtype=np.uint8), PERCENTILE, 0.0))
 
 
-def encode(rgb: np.ndarray) -> bytes:
-    """A PNG of ``rgb`` (height x width x 3, uint8): filter type 0 on every row, deflate stored blocks."""
+def encode(rgb: np.ndarray, scale: str, m: float) -> bytes:
+    """A PNG of ``rgb`` (height x width x 3, uint8): filter type 0 on every row, deflate stored blocks; its tEXt
+    chunks name the colour scale ``scale`` and its value ``m``, in a fixed number of bytes."""
     height, width, _ = rgb.shape
     scanlines = np.zeros((height, 1 + 3 * width), dtype=np.uint8)  # each row: its filter byte (0), then RGB
     scanlines[:, 1:] = rgb.reshape(height, 3 * width)
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, deflate, no interlace
+    value = repr(m)
+    if len(scale) != len(PERCENTILE) or len(value) > _VALUE_WIDTH:
+        raise ValueError(f"a heatmap scale of another length: {scale!r} = {value}")
     return b"".join(
-        (_SIGNATURE, _chunk(b"IHDR", header), _chunk(b"IDAT", zlib.compress(scanlines.data, 0)), _chunk(b"IEND", b""))
+        (
+            _SIGNATURE,
+            _chunk(b"IHDR", header),
+            _chunk(b"tEXt", b"stfs.scale\0" + scale.encode("latin-1")),
+            _chunk(b"tEXt", b"stfs.scale.value\0" + value.ljust(_VALUE_WIDTH).encode("latin-1")),
+            _chunk(b"IDAT", zlib.compress(scanlines.data, 0)),
+            _chunk(b"IEND", b""),
+        )
     )
 
 
@@ -72,9 +90,13 @@ def heatmap_file(tensor: TensorBytes, size: int) -> bytes:
     """The ``png/`` file of ``tensor`` (``size``: what ``png_size`` promised; checked by the caller)."""
     with np.errstate(over="ignore", invalid="ignore"):
         sums, finite, abs_max = pixel_sums(tensor)
+    factor = 1.0
     if not np.isfinite(sums[finite > 0]).all():  # float64 overflowed (F64 values past 1e300): sum scaled instead
-        sums, finite, abs_max = pixel_sums(tensor, scale=math.ldexp(1.0, -math.frexp(abs_max)[1]))
-    return encode(colours(sums, finite, abs_max))
+        factor = math.ldexp(1.0, -math.frexp(abs_max)[1])
+        sums, finite, abs_max = pixel_sums(tensor, scale=factor)
+    means = pixel_means(sums, finite)
+    scale, m = colour_scale(means[finite > 0])
+    return encode(colours(means, finite, m), scale, m / factor)  # m / factor: exact, a power of two
 
 
 def pixel_sums(tensor: TensorBytes, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, float]:
@@ -105,16 +127,33 @@ def pixel_sums(tensor: TensorBytes, scale: float = 1.0) -> tuple[np.ndarray, np.
     return sums, finite, abs_max
 
 
-def colours(sums: np.ndarray, finite: np.ndarray, abs_max: float) -> np.ndarray:
-    """The RGB pixels of each pixel's mean (``sums / finite``) against ``abs_max``."""
+def pixel_means(sums: np.ndarray, finite: np.ndarray) -> np.ndarray:
+    """Each pixel's mean of its finite values (0 where it has none)."""
+    return np.divide(sums, finite, out=np.zeros_like(sums), where=finite > 0)
+
+
+def colour_scale(pixels: np.ndarray) -> tuple[str, float]:
+    """(Which scale, m) for the means ``pixels`` of the pixels that have a finite value: the 99th percentile of
+    their magnitudes by nearest rank (the k-th smallest, k = ceil(0.99 n)), or their largest where only that is
+    not 0; m = 0 (all white) where every pixel is 0 or none has a finite value."""
+    if not len(pixels):
+        return PERCENTILE, 0.0
+    magnitudes = np.abs(pixels)
+    rank = (99 * len(magnitudes) + 99) // 100  # ceil(0.99 n), in integers
+    m = float(np.partition(magnitudes, rank - 1)[rank - 1])
+    largest = float(magnitudes.max())
+    return (PERCENTILE, m) if m > 0 or largest == 0 else (LARGEST, largest)
+
+
+def colours(means: np.ndarray, finite: np.ndarray, m: float) -> np.ndarray:
+    """The RGB pixels of each pixel's mean against the scale ``m`` (``finite``: each pixel's count of finite
+    values); magnitudes past ``m`` are full colour."""
     has = finite > 0
-    means = np.divide(sums, finite, out=np.zeros_like(sums), where=has)
-    shade = np.zeros(sums.shape, dtype=np.uint8)  # t
-    if abs_max > 0:
-        np.rint(np.abs(means) / abs_max * 255, out=means, casting="unsafe")
-        shade[...] = means
-    rgb = np.full((*sums.shape, 3), 255, dtype=np.uint8)
-    positive, negative = has & (sums > 0), has & (sums < 0)
+    shade = np.zeros(means.shape, dtype=np.uint8)  # t
+    if m > 0:
+        shade[...] = np.minimum(np.rint(np.abs(means) / m * 255), 255)
+    rgb = np.full((*means.shape, 3), 255, dtype=np.uint8)
+    positive, negative = has & (means > 0), has & (means < 0)
     rgb[positive, 1] = rgb[positive, 2] = 255 - shade[positive]
     rgb[negative, 0] = rgb[negative, 1] = 255 - shade[negative]
     rgb[~has] = 0

@@ -154,14 +154,16 @@ def _halved(low: float, high: float) -> bool:
 
 def _numbers(low: float, high: float, mean: float, std: float, bins: np.ndarray) -> Document:
     """The numbers over the finite values; ``bins``: the 64 counts (``numpy.histogram``'s edges from ``low`` to
-    ``high``), or one when ``low == high``, holding them all."""
+    ``high``), or one when ``low == high``, holding them all. Zeros are written 0.0 whatever their sign: ``x + 0.0``
+    turns -0.0 into 0.0 and leaves every other float as it is (``max(-0.0, 0.0)`` is -0.0, the first of equals)."""
+    low, high, mean, std = low + 0.0, high + 0.0, mean + 0.0, std + 0.0
     if low == high:
         histogram = {"edges": [low, high], "counts": [int(bins.sum())]}
     else:
         scale = 2.0 if _halved(low, high) else 1.0
-        edges = np.linspace(low / scale, high / scale, BINS + 1) * scale
+        edges = np.linspace(low / scale, high / scale, BINS + 1) * scale + 0.0
         histogram = {"edges": edges.tolist(), "counts": [int(n) for n in bins]}
-    return {"min": low, "max": high, "mean": mean, "std": std, "abs_max": max(-low, high), "histogram": histogram}
+    return {"min": low, "max": high, "mean": mean, "std": std, "abs_max": max(-low, high) + 0.0, "histogram": histogram}
 
 
 def _nothing_finite() -> Document:

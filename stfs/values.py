@@ -152,6 +152,24 @@ class Tally:
     where: int = -1
     diff_squares: float = 0.0
     norm_squares: float = 0.0
+    # elements not equal for a NaN or an infinity (whatever the tolerances): NaN on one side only, ±inf against a
+    # finite value on one side, +inf against -inf
+    nan_only_a: int = 0
+    nan_only_b: int = 0
+    inf_only_a: int = 0
+    inf_only_b: int = 0
+    inf_opposite: int = 0
+
+    @property
+    def nonfinite(self) -> dict[str, int]:
+        """The counts of the elements that differ for a NaN or an infinity, by kind."""
+        return {
+            "nan_only_a": self.nan_only_a,
+            "nan_only_b": self.nan_only_b,
+            "inf_only_a": self.inf_only_a,
+            "inf_only_b": self.inf_only_b,
+            "inf_opposite": self.inf_opposite,
+        }
 
     @property
     def rel_l2(self) -> float | None:
@@ -176,6 +194,7 @@ def compare_values(a: np.ndarray, b: np.ndarray, first_index: int, atol: float, 
         finite = np.isfinite(a) & np.isfinite(b)
         gaps = np.abs(a - b)
         if not finite.all():
+            _count_nonfinite(a, b, tally)
             gaps[~finite] = 0.0
             a = np.where(finite, a, 0.0)
         largest = int(np.argmax(gaps)) if len(gaps) else 0
@@ -183,6 +202,17 @@ def compare_values(a: np.ndarray, b: np.ndarray, first_index: int, atol: float, 
             tally.max_abs, tally.where = float(gaps[largest]), first_index + largest
         tally.diff_squares += _squares(gaps)
         tally.norm_squares += _squares(a)
+
+
+def _count_nonfinite(a: np.ndarray, b: np.ndarray, tally: Tally) -> None:
+    """Add the elements where a NaN or an infinity makes ``a`` and ``b`` differ to ``tally``, by kind."""
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    inf_a, inf_b = np.isinf(a), np.isinf(b)
+    tally.nan_only_a += int(np.count_nonzero(nan_a & ~nan_b))
+    tally.nan_only_b += int(np.count_nonzero(nan_b & ~nan_a))
+    tally.inf_only_a += int(np.count_nonzero(inf_a & np.isfinite(b)))
+    tally.inf_only_b += int(np.count_nonzero(inf_b & np.isfinite(a)))
+    tally.inf_opposite += int(np.count_nonzero(inf_a & inf_b & (a != b)))
 
 
 def add_norm(a: np.ndarray, tally: Tally) -> None:

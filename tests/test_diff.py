@@ -57,6 +57,7 @@ def test_a_single_file_and_a_sharded_set_of_the_same_tensors_are_the_same(
         "only_a": 0,
         "only_b": 0,
         "changed_type": 0,
+        "tied": 0,
     }
     assert {t["status"] for t in document["tensors"]} == {"identical"}
     assert [t["name"] for t in document["tensors"]] == sorted(tensors)
@@ -163,6 +164,7 @@ def test_added_removed_retyped_and_reshaped(tmp_path: Path, capsys: pytest.Captu
         "only_a": 1,
         "only_b": 1,
         "changed_type": 3,
+        "tied": 0,
     }
 
 
@@ -204,6 +206,47 @@ def test_nan_infinities_and_negative_zero(tmp_path: Path, capsys: pytest.Capture
     assert (code, found["status"], found["differ"], found["max_abs"], found["rel_l2"]) == (0, "close", 0, None, 0.0)
     code, lines = diff_text(capsys, a, b)
     assert code == 0 and len(lines) == 1  # close is equal: no line
+
+
+def test_nan_and_infinities_that_differ_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A NaN or an infinity against something else is counted by kind in the line and in --json: not a bare
+    "1 of 32 values differ, |a-b|/|a| 0"."""
+    nan, inf = float("nan"), float("inf")
+    values = torch.randn(32, generator=torch.Generator().manual_seed(5))
+    changed = values.clone()
+    changed[9] = nan
+    a = write(tmp_path / "a.safetensors", {"t": values})
+    b = write(tmp_path / "b.safetensors", {"t": changed})
+    code, lines = diff_text(capsys, b, a)
+    assert (code, lines[0]) == (1, "~ t  F32 [32]: 1 of 32 values differ (1 NaN in A only), |a-b|/|a| 0")
+    code, document = diff_json(capsys, b, a)
+    assert entry(document, "t")["nonfinite"] == {
+        "nan_only_a": 1,
+        "nan_only_b": 0,
+        "inf_only_a": 0,
+        "inf_only_b": 0,
+        "inf_opposite": 0,
+    }
+    # every kind: NaN / number, number / NaN, inf / number, number / -inf, +inf / -inf; the equal ones not counted
+    a_values = [nan, inf, -inf, 0.0, 1.0, inf, nan, 2.0, 5.0, 4.0, -inf, nan, 8.0]
+    b_values = [nan, inf, -inf, -0.0, 1.0, -inf, 3.0, 2.0, nan, -inf, 7.0, inf, 9.0]
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        a = write(tmp_path / "a.safetensors", {"t": torch.tensor(a_values, dtype=dtype)})
+        b = write(tmp_path / "b.safetensors", {"t": torch.tensor(b_values, dtype=dtype)})
+        for tolerance in ([], ["--atol", "100"]):  # the non-finite ones differ whatever the tolerance
+            code, document = diff_json(capsys, *tolerance, a, b)
+            found = entry(document, "t")
+            counts = {"nan_only_a": 2, "nan_only_b": 1, "inf_only_a": 1, "inf_only_b": 1, "inf_opposite": 1}
+            assert found["nonfinite"] == counts, (dtype, tolerance)
+            assert (code, found["differ"]) == (1, 6 + (not tolerance)), (dtype, tolerance)
+        code, lines = diff_text(capsys, a, b)
+        assert lines[0].startswith(
+            f"~ t  {document['tensors'][0]['dtype'][0]} [13]: 7 of 13 values differ (2 NaN in A only, 1 NaN in B only, "
+            "1 inf in A only, 1 inf in B only, 1 +inf against -inf), max |a-b| 1.0 at [12]"
+        ), lines[0]
+    retyped = write(tmp_path / "r.safetensors", {"t": torch.tensor(b_values, dtype=torch.float16)})
+    code, document = diff_json(capsys, a, retyped)  # values compared across dtypes: counted too
+    assert entry(document, "t")["nonfinite"]["nan_only_a"] == 2
 
 
 def test_c64_is_compared_by_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

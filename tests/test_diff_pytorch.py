@@ -88,3 +88,74 @@ def test_check_values_names_the_c_order_index_in_a_strided_tensor(
     lines = capsys.readouterr().out.splitlines()
     assert code == 1
     assert f"{path}: tensor 'transposed': 1 NaN, 0 +inf, 1 -inf, the first at [650, 3]" in lines
+
+
+def tiny_tied_llama(tmp_path: Path) -> tuple[Any, Path, Path]:
+    """A tiny Llama whose lm_head is tied to its embeddings: (the model; its pytorch_model.bin as transformers wrote
+    one, ``torch.save`` of the state dict, both names on one storage; the model.safetensors ``save_pretrained``
+    writes, which leaves the tied lm_head.weight out)."""
+    pytest.importorskip("transformers")
+    from tests.test_pytorch_transformers import tiny_llama
+
+    model: Any = tiny_llama(tied=True)
+    state = model.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    binary = tmp_path / "bin" / "pytorch_model.bin"
+    binary.parent.mkdir()
+    torch.save(state, binary)
+    model.save_pretrained(tmp_path / "safetensors")
+    return model, binary, tmp_path / "safetensors" / "model.safetensors"
+
+
+def test_a_tensor_tied_in_one_side_is_not_a_difference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """lm_head.weight, one storage with model.embed_tokens.weight in the .bin, left out of the safetensors
+    save_pretrained writes: tied, not "only in A", exit 0; either way round."""
+    model, binary, safetensors = tiny_tied_llama(tmp_path)
+    count = len(model.state_dict())
+    code = main(["diff", str(binary), str(safetensors)])
+    lines = capsys.readouterr().out.splitlines()
+    assert (code, lines) == (
+        0,
+        [
+            "= lm_head.weight  F32 [97, 32]: tied in A to model.embed_tokens.weight (one storage), which B has",
+            f"{count} tensors: {count - 1} identical, 0 close, 0 different, 0 only in A, 0 only in B, "
+            "0 with another dtype or shape, 1 tied",
+        ],
+    )
+    code, document = diff_json(capsys, str(binary), str(safetensors))
+    assert code == 0
+    assert entry(document, "lm_head.weight") == {
+        "name": "lm_head.weight",
+        "status": "tied",
+        "dtype": ["F32", None],
+        "shape": [[97, 32], None],
+        "tied_to": "model.embed_tokens.weight",
+    }
+    assert document["summary"]["tied"] == 1 and document["summary"]["only_a"] == 0
+    code = main(["diff", str(safetensors), str(binary)])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert (
+        lines[0] == "= lm_head.weight  F32 [97, 32]: tied in B to model.embed_tokens.weight (one storage), which A has"
+    )
+
+
+def test_an_equal_copy_or_a_tie_to_a_changed_tensor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only one storage makes a tie: an lm_head.weight of the same values in its own storage is only in A. A tie to
+    a tensor whose values differ is still a tie; that tensor's line is the difference."""
+    model, binary, safetensors = tiny_tied_llama(tmp_path)
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}  # two storages
+    copied = tmp_path / "copied.bin"
+    torch.save(state, copied)
+    code, document = diff_json(capsys, str(copied), str(safetensors))
+    assert code == 1 and entry(document, "lm_head.weight")["status"] == "only_a"
+    state = model.state_dict()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[3, 4] += 1.0  # lm_head.weight with it: one storage
+    changed = tmp_path / "changed.bin"
+    torch.save(state, changed)
+    code, document = diff_json(capsys, str(changed), str(safetensors))
+    assert code == 1
+    assert entry(document, "lm_head.weight")["status"] == "tied"
+    assert entry(document, "model.embed_tokens.weight")["status"] == "different"
+    assert entry(document, "model.embed_tokens.weight")["where"] == [3, 4]

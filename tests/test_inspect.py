@@ -274,6 +274,29 @@ def test_no_stats_for_c64(inspected: Mounted) -> None:
     assert os.path.exists(complex_tensor.path(inspected.root, "stats").replace("c64.json", "f32.json"))
 
 
+@pytest.mark.parametrize("dtype", ["F32", "F64", "F16", "BF16"])  # two passes (F32, F64), one count of codes
+def test_zeros_of_either_sign_are_written_0(tmp_path: Path, mount: MountFn, dtype: str) -> None:
+    """An all-zero tensor's abs_max, and min, max, mean, std and edges of tensors of -0.0 only or of both signs, are
+    0.0: never -0.0, whatever the sign of the zeros."""
+    source = tmp_path / "zeros.safetensors"
+    numpy_dtype = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "BF16": ml_dtypes.bfloat16}[dtype]
+    tensors = {
+        "plus": np.zeros(6, dtype=numpy_dtype),
+        "minus": np.full(6, -0.0, dtype=numpy_dtype),
+        "both": np.array([-0.0, 0.0, -0.0, 0.0], dtype=numpy_dtype),
+    }
+    write_serialized(source, {name: (dtype, list(a.shape), a.tobytes()) for name, a in tensors.items()})
+    root = mount(str(source), options=["view=stats"])
+    for name, values in tensors.items():
+        with open(os.path.join(root, "stats", f"{name}.json")) as stream:
+            text = stream.read()
+        document = json.loads(text)
+        assert "-0" not in text, (name, text)
+        numbers = [document[key] for key in ("min", "max", "mean", "std", "abs_max")] + document["histogram"]["edges"]
+        assert all(number == 0.0 and math.copysign(1.0, number) == 1.0 for number in numbers), (name, numbers)
+        assert document["zeros"] == document["count"] == len(values)
+
+
 def test_grep_and_jq_find_the_tensors_holding_a_nan(inspected: Mounted) -> None:
     stats = Path(inspected.root, "packed", "stats")
     holding = {
@@ -310,21 +333,32 @@ def expected_pixels(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     row_pixel = np.searchsorted(np.arange(height + 1) * rows // height, np.arange(rows), side="right") - 1
     column_pixel = np.searchsorted(np.arange(width + 1) * columns // width, np.arange(columns), side="right") - 1
     finite = np.isfinite(grid)
-    m = float(np.abs(grid[finite]).max()) if finite.any() else 0.0
-    if m > 1e300:  # sums past float64's range: those of the values over m, against 1
-        grid, m = grid / m, 1.0
+    abs_max = float(np.abs(grid[finite]).max()) if finite.any() else 0.0
+    if abs_max > 1e300:  # sums past float64's range: those of the values over abs_max (m scales with them)
+        grid = grid / abs_max
     i, j = np.broadcast_arrays(row_pixel[:, None], column_pixel[None, :])
     sums, counts = np.zeros((height, width)), np.zeros((height, width))
     np.add.at(sums, (i[finite], j[finite]), grid[finite])
     np.add.at(counts, (i[finite], j[finite]), 1)
     means = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
-    t = np.rint(np.abs(means) / m * 255).astype(np.uint8) if m > 0 else np.zeros(means.shape, np.uint8)
+    m = scale_of(means[counts > 0])
+    t = np.minimum(np.rint(np.abs(means) / m * 255), 255).astype(np.uint8) if m > 0 else np.zeros(means.shape, np.uint8)
     rgb = np.full((height, width, 3), 255, dtype=np.uint8)
     positive, negative = (counts > 0) & (means > 0), (counts > 0) & (means < 0)
     rgb[positive, 1] = rgb[positive, 2] = 255 - t[positive]
     rgb[negative, 0] = rgb[negative, 1] = 255 - t[negative]
     rgb[counts == 0] = 0
     return rgb
+
+
+def scale_of(pixels: np.ndarray) -> float:
+    """m (docs/views.md): the 99th percentile of |pixel| by NumPy's ``inverted_cdf`` (the nearest rank), or the
+    largest |pixel| where that is 0."""
+    if not len(pixels):
+        return 0.0
+    magnitudes = np.abs(pixels)
+    m = float(np.percentile(magnitudes, 99, method="inverted_cdf"))
+    return m if m > 0 else float(magnitudes.max())
 
 
 def check_png(path: str, tensor: Tensor) -> np.ndarray:
@@ -398,6 +432,47 @@ def test_the_pixel_rule_by_hand(tmp_path: Path, mount: MountFn) -> None:
     b = pixels_of(os.path.join(root, "png", "b.png"))
     # m = 2: t = round(127.5) = 128 (half to even), round(255) = 255, round(63.75) = 64
     assert b.tolist() == [[[255, 127, 127], [0, 0, 255], [255, 191, 191], [255, 0, 0]]]
+
+
+def scale_text(path: str) -> tuple[str, float]:
+    """What the PNG's tEXt chunks say m is, and its value."""
+    with Image.open(path) as image:
+        text = image.text  # type: ignore[attr-defined]
+    return text["stfs.scale"], float(text["stfs.scale.value"])
+
+
+def test_the_scale_is_the_99th_percentile_of_the_pixels_not_the_largest_value(tmp_path: Path, mount: MountFn) -> None:
+    """One outlier no longer washes the picture out: m is the 99th percentile (nearest rank) of |pixel|, every
+    |pixel| past m is full colour, and the PNG says which scale it used."""
+    source = tmp_path / "outlier.safetensors"
+    outlier = np.array([0.5] * 98 + [-1.0, 50.0], dtype=np.float32)  # 100 pixels: the 99th of the sorted |v| is 1
+    sparse = np.zeros(200, dtype=np.float32)
+    sparse[7] = -3.0  # the 99th percentile of |pixel| is 0: m is the largest |pixel| instead
+    write_serialized(
+        source,
+        {
+            "outlier": ("F32", [100], outlier.tobytes()),
+            "sparse": ("F32", [200], sparse.tobytes()),
+            "zeros": ("F32", [2, 2], np.zeros(4, np.float32).tobytes()),
+        },
+    )
+    root = mount(str(source), options=["view=png"])
+    path = os.path.join(root, "png", "outlier.png")
+    pixels = pixels_of(path)
+    # m = 1: 0.5 gives t = round(127.5) = 128; -1 full blue; 50 clipped at t = 255 (the old rule, m = 50: t = 3)
+    assert pixels[0, 0].tolist() == [255, 127, 127]
+    assert pixels[0, 98].tolist() == [0, 0, 255] and pixels[0, 99].tolist() == [255, 0, 0]
+    assert scale_text(path) == ("p99 of |pixel|", 1.0)
+    path = os.path.join(root, "png", "sparse.png")
+    pixels = pixels_of(path)
+    assert pixels[0, 7].tolist() == [0, 0, 255] and (np.delete(pixels[0], 7, axis=0) == 255).all()
+    assert scale_text(path) == ("max of |pixel|", 3.0)
+    path = os.path.join(root, "png", "zeros.png")
+    assert (pixels_of(path) == 255).all() and scale_text(path) == ("p99 of |pixel|", 0.0)
+    assert all(
+        os.stat(os.path.join(root, "png", name)).st_size == png_size(shape)
+        for name, shape in (("outlier.png", (100,)), ("sparse.png", (200,)), ("zeros.png", (2, 2)))
+    )
 
 
 # -- files, folders, xattrs --------------------------------------------------------------------------------------
@@ -635,11 +710,11 @@ def test_a_stats_document_never_outgrows_its_size(count: int) -> None:
 
 @pytest.mark.parametrize("shape", [(1,), (3, 5), (1024, 1024), (7, 3000), (2000, 1), (1, 65535), (22, 993)])
 def test_png_sizes_do_not_depend_on_the_pixels(shape: tuple[int, ...]) -> None:
-    from stfs.heatmap import encode, grid
+    from stfs.heatmap import LARGEST, encode, grid
 
     _, _, height, width = grid(shape)
     noise = np.random.default_rng(1).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    assert len(encode(noise)) == png_size(shape)
+    assert len(encode(noise, LARGEST, -2.2250738585072014e-308)) == png_size(shape)  # the longest scale text
 
 
 def _bytes_source(data: bytes) -> Callable[[str, int, memoryview, tuple[int, int]], int]:
