@@ -27,8 +27,8 @@ EXIT_DIFFERENT, EXIT_TROUBLE = 1, 2  # stfs diff's, as diff(1) and cmp(1)
 SOURCE_HELP = "{sources}"  # in any help text: what SOURCE can be, filled in as help is shown (source_text())
 
 
-def _listed(words: Sequence[str], last: str = "or") -> str:
-    return ", ".join(words[:-1]) + f" {last} " + words[-1] if len(words) > 1 else "".join(words)
+def _listed(words: Sequence[str]) -> str:
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
 
 
 def source_text() -> str:
