@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import difflib
 import io
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -17,15 +19,60 @@ from . import __version__, errors
 from .model import Model, discover, load
 from .options import VIEWS, OptionError, positive_int, seconds, size_bytes, sort_options
 from .sources import ByteSource, named_source, open_source
-from .sources.base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, is_url
+from .sources.base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, URL_SCHEMES, is_url
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 EXIT_DIFFERENT, EXIT_TROUBLE = 1, 2  # stfs diff's, as diff(1) and cmp(1)
 
-SOURCE_HELP = (
-    "a .safetensors file, a .safetensors.index.json (a sharded set), a folder (every model in it), "
-    "or an http(s)://, s3:// or hf:// URL of any of these"
-)
+SOURCE_HELP = "{sources}"  # in any help text: what SOURCE can be, filled in as help is shown (source_text())
+
+
+def _listed(words: Sequence[str]) -> str:
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
+
+
+def source_text() -> str:
+    """What SOURCE can be, from what the code reads: each format of ``formats.REGISTRY`` by its title and file
+    names, its index files, a folder, and a URL of each scheme of ``URL_SCHEMES``. It imports every format's module
+    (a fifth of a second for GGUF's), so only help and the man page ask for it."""
+    from .formats import REGISTRY, named
+
+    files = []
+    for module, suffixes, _ in REGISTRY:
+        title = named(module).title
+        named_as = ", ".join(suffix for suffix in suffixes if not title.endswith(suffix))
+        files.append(f"{title} ({named_as})" if named_as else title)
+    indexes = [index for _, _, names in REGISTRY for index in names]
+    return (
+        f"a model file ({_listed(files)}), an index ({_listed(indexes)}: the sharded set it names), a folder "
+        f"(every model in it), or an {_listed(URL_SCHEMES)} URL of any of these"
+    )
+
+
+def summary() -> str:
+    """The man page's NAME line, from the same registry as ``source_text()``."""
+    from .formats import REGISTRY, named
+
+    titles = []
+    for module, suffixes, _ in REGISTRY:  # "DCP .metadata" names a DCP folder's file; its models are DCP's
+        title = named(module).title
+        titles.append(next((title.removesuffix(end).strip() for end in suffixes if title.endswith(end)), title))
+    return f"mount {_listed(titles)} models, local or at {_listed(URL_SCHEMES)} URLs, read-only: every tensor a file"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose texts say what SOURCE can be (``SOURCE_HELP``) once help is shown."""
+
+    def format_help(self) -> str:
+        _fill_sources(self, source_text())
+        return super().format_help()
+
+
+def _fill_sources(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.description = parser.description and parser.description.replace(SOURCE_HELP, text)
+    for action in parser._actions:
+        if action.help:
+            action.help = action.help.replace(SOURCE_HELP, text)
 
 
 def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
@@ -40,13 +87,11 @@ def _common(parser: argparse.ArgumentParser, top: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stfs",
-        description="Mount model weights (safetensors, GGUF, PyTorch checkpoints, ONNX) read-only, every tensor an "
-        "ordinary file; list, validate and compare them. SOURCE is "
-        + SOURCE_HELP
-        + ". `stfs SOURCE MNT -o OPTIONS` is stfs mount as mount(8) runs "
-        "it for fstab's type fuse.stfs.",
+        description="Mount model weights read-only, every tensor an ordinary file; list, validate and compare them. "
+        f"SOURCE is {SOURCE_HELP}. `stfs SOURCE MNT -o OPTIONS` is stfs mount as mount(8) runs it for fstab's type "
+        "fuse.stfs.",
         epilog="example: stfs mount hf://Qwen/Qwen2.5-0.5B mnt",
     )
     _common(parser, top=True)
@@ -72,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_checked_options,
         help="mount options, comma-separated: FUSE's (allow_other, max_read=N, ...) and stfs's own, each option "
         "below as NAME=VALUE with _ for - (layout=flat, view=npy, log_file=PATH, cache_dir=DIR, threads, ...)",
+    )
+    mount.add_argument(
+        "--nonempty",
+        action="store_true",
+        help="mount over a folder that is not empty, what it holds hidden while mounted (default: refused)",
     )
     mount.add_argument(
         "--layout",
@@ -135,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     unmount = commands.add_parser(
         "unmount",
+        aliases=list(ALIASES),
         help="unmount, also a mount whose daemon died",
         description="Unmount MNT (as umount or fusermount3 -u would); also clears a mount whose daemon died.",
         epilog="example: stfs unmount /mnt/qwen",
@@ -194,6 +245,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _quiet(diff)
     _timeout(diff)
+    return parser
+
+
+def man_parser() -> argparse.ArgumentParser:
+    """``build_parser()`` with every text filled in and the NAME line (``summary()``), for argparse-manpage, which
+    writes the man page stfs(1) from it (pyproject.toml, [tool.build_manpages]) and reads a parser's texts without
+    asking it for help."""
+    parser = build_parser()
+    text = source_text()
+    commands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    for each in (parser, *(command for action in commands for command in action.choices.values())):
+        _fill_sources(each, text)
+    parser.man_short_description = summary()  # type: ignore[attr-defined]  # argparse-manpage's NAME
     return parser
 
 
@@ -260,7 +324,7 @@ def _checked_options(value: str) -> str:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     from .daemon import MountPlan, check_mountpoint, default_log_file, plan_mount, run_background, run_foreground
-    from .fuse_conf import check_allow_other, fuse_conf_path
+    from .fuse_conf import check_allow_other, check_fuse_device, fuse_conf_path
     from .secrets import hide_from_command_line, secrets_of
     from .stats import hold_dump_signal
 
@@ -274,6 +338,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     for warning in options.warnings:
         print(f"stfs: warning: {warning}", file=sys.stderr)
     check_allow_other(options.fuse, os.getuid(), fuse_conf_path())
+    check_fuse_device()
+    check_mountpoint(os.path.abspath(args.mountpoint), empty=not args.nonempty)
     if args.whole_program:
         hide_from_command_line(secrets_of(args.source))  # a URL's password: not in /proc/PID/cmdline
     remote = is_url(args.source)
@@ -303,7 +369,6 @@ def cmd_mount(args: argparse.Namespace) -> int:
             print(f"stfs: warning: {warning}", file=sys.stderr)
         run_foreground(plan, debug=args.debug)
     else:
-        check_mountpoint(os.path.abspath(args.mountpoint))
         run_background(make_plan, args.mountpoint, args.log_file or default_log_file(args.mountpoint))
         if args.whole_program:  # the stfs command, its work done: skip the interpreter's teardown (~20 ms)
             logging.shutdown()
@@ -452,23 +517,44 @@ def _tolerant_output() -> None:
 
 
 COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check, "diff": cmd_diff}
+ALIASES = {"umount": "unmount"}  # what umount(8) taught the fingers
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def mount8_form(argv: Sequence[str]) -> list[str]:
-    """``stfs SOURCE MNT -o OPTS``, what mount(8) runs (through mount.fuse3) for type fuse.stfs, as ``stfs mount``."""
-    if len(argv) >= 2 and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+    """``stfs SOURCE MNT -o OPTS``, what mount(8) runs (through mount.fuse3) for type fuse.stfs, as ``stfs mount``;
+    only where it can be that: with ``-o`` (mount(8) always passes it), or a SOURCE that exists or is a URL. Any
+    other first word is a command, or a mistyped one (``stfs chek m6`` is no mount of ./chek)."""
+    if len(argv) < 2 or argv[0] in COMMANDS or argv[0] in ALIASES or argv[0].startswith("-"):
+        return list(argv)
+    if any(arg.startswith("-o") for arg in argv[1:]) or _URL.match(argv[0]) or os.path.lexists(argv[0]):
         return ["mount", *argv]
     return list(argv)
 
 
+def unknown_command(argv: Sequence[str]) -> str | None:
+    """The line for a first word that is no command (``stfs chek m6``): the closest command, or the commands."""
+    word = next((arg for arg in argv if not arg.startswith("-")), None)
+    if word is None or word in COMMANDS or word in ALIASES:
+        return None
+    found = difflib.get_close_matches(word, [*COMMANDS, *ALIASES], n=1)
+    hint = f"did you mean {found[0]}?" if found else f"commands: {', '.join(COMMANDS)}"
+    return f"unknown command {word!r} ({hint})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
-    args = build_parser().parse_args(mount8_form(sys.argv[1:] if argv is None else argv))
+    words = mount8_form(sys.argv[1:] if argv is None else argv)
+    mistyped = unknown_command(words)
+    if mistyped is not None:
+        print(f"stfs: {mistyped}", file=sys.stderr)
+        return EXIT_USAGE
+    args = build_parser().parse_args(words)
     args.whole_program = argv is None  # run as the stfs command, not called from Python: may exit at once
     _tolerant_output()
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="stfs: %(message)s")
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS[ALIASES.get(args.command, args.command)](args)
     except errors.StfsError as exc:
         if args.debug:
             raise

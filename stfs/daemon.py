@@ -109,7 +109,10 @@ def plan_mount(
     )
 
 
-def check_mountpoint(mountpoint: str) -> None:
+def check_mountpoint(mountpoint: str, empty: bool = False) -> None:
+    """Raise ``MountError`` unless ``mountpoint`` is a folder with nothing mounted on it; ``empty``: and it holds
+    nothing, which a mount would hide (libfuse 3 and mount(8) allow it silently; ``stfs mount`` asks, unless
+    ``--nonempty``)."""
     if is_dead_mount(mountpoint):
         raise errors.MountError(
             f"{mountpoint}: a mount whose daemon died is still there; run `stfs unmount {mountpoint}`"
@@ -120,6 +123,18 @@ def check_mountpoint(mountpoint: str) -> None:
         raise errors.MountError(f"{mountpoint}: mountpoint is not a directory")
     if os.path.ismount(mountpoint):
         raise errors.MountError(f"{mountpoint}: something is already mounted there")
+    if empty and _holds_anything(mountpoint):
+        raise errors.MountError(
+            f"{mountpoint}: mountpoint is not empty (the mount would hide what it holds); empty it, or add -o nonempty"
+        )
+
+
+def _holds_anything(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is not None
+    except OSError:  # not for this user to list: libfuse (fusermount3) decides
+        return False
 
 
 def is_dead_mount(mountpoint: str) -> bool:

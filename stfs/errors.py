@@ -23,12 +23,16 @@ class FormatError(StfsError):
     title = "invalid safetensors file"
     refutes_format = False  # the file is not of the format at all (a zip that is no checkpoint), not a broken one
 
-    def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
+    def __init__(self, path: str, detail: str, tensor: str | None = None, *, first_bytes: bytes | None = None) -> None:
         self.path = path
         self.detail = detail
         self.tensor = tensor
         where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
-        super().__init__(f"{where}rule {self.rule} ({type(self).__name__}): {detail}")
+        rule = f"rule {self.rule} ({type(self).__name__}): {detail}"
+        if first_bytes is not None:  # no safetensors file at all (a text file so named): said first, as of no format
+            super().__init__(f"{where}not a safetensors file: its first bytes are {first_bytes!r} ({rule})")
+        else:
+            super().__init__(f"{where}{rule}")
 
 
 class HeaderTooSmall(FormatError):

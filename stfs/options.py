@@ -1,8 +1,10 @@
 """``-o`` mount options sorted three ways: stfs's own settings, options mount(8) adds that mean nothing to a
-read-only FUSE mount (dropped), and the rest, which go to libfuse as before. Pure: no I/O."""
+read-only FUSE mount (dropped), and libfuse's, which go to libfuse; anything else is a usage error naming the closest
+known option. Pure: no I/O."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -94,6 +96,7 @@ SETTINGS: dict[str, Setting] = {
     "timeout": Setting("timeout", seconds),
     "plain_http": Setting("plain_http", flag),
     "view": Setting("views", choice(*VIEWS), repeat=True),
+    "nonempty": Setting("nonempty", flag),  # libfuse 2's name, which libfuse 3 refuses: stfs's own check now
 }
 
 # What mount(8) and mount.fuse3 put in the list for any filesystem. stfs files are 0444 and never change, so none
@@ -137,6 +140,21 @@ IGNORED = frozenset(
         "loud",
     }
 )
+# What libfuse 3 reads from the -o list, by name (its value libfuse judges): lib/helper.c, lib/fuse.c, its modules
+# subdir and iconv, lib/fuse_lowlevel.c and lib/mount.c of 3.14 to 3.18 (an option a newer one adds: refused by an
+# older one, in its words), and the libfuse 2 options mfusepy sets in libfuse 3's fuse_config itself.
+LIBFUSE = frozenset(
+    {
+        *("debug", "fsname", "subtype", "clone_fd", "max_idle_threads", "max_threads"),
+        *("kernel_cache", "auto_cache", "noauto_cache", "no_rofd_flush", "umask", "uid", "gid", "fmask", "dmask"),
+        *("entry_timeout", "attr_timeout", "ac_attr_timeout", "negative_timeout", "noforget", "remember"),
+        *("parallel_direct_write", "modules", "subdir", "rellinks", "norellinks", "from_code", "to_code"),
+        *("allow_root", "io_uring", "io_uring_q_depth"),
+        *("allow_other", "auto_unmount", "blkdev", "blksize", "max_read", "default_permissions", "user", "ro"),
+        *("context", "fscontext", "defcontext", "rootcontext", "symfollow", "nosymfollow"),
+        *("hard_remove", "use_ino", "readdir_ino", "direct_io", "nopath", "intr", "intr_signal"),
+    }
+)
 IGNORED_PREFIXES = ("x-", "comment=")  # x-systemd.automount, x-gvfs-show, comment=...: for userspace, by definition
 READ_ONLY_WARNING = "-o rw: stfs mounts are read-only; mounting read-only"
 
@@ -154,7 +172,8 @@ class MountOptions:
 def sort_options(texts: Iterable[str], settings: Mapping[str, Setting] = SETTINGS) -> MountOptions:
     """Sort ``-o`` values (each a comma-separated list); a setting given twice keeps its last value.
 
-    Raise ``OptionError`` on a bad value for an stfs setting; anything unknown is for libfuse.
+    Raise ``OptionError`` on a bad value for an stfs setting, and on an item neither stfs, mount(8) nor libfuse knows
+    (libfuse would refuse the mount with "unknown option(s)", once the daemon had read every header).
     """
     result = MountOptions({}, [], [], [])
     for item in (item for text in texts for item in text.split(",") if item):
@@ -177,6 +196,16 @@ def sort_options(texts: Iterable[str], settings: Mapping[str, Setting] = SETTING
             result.ignored.append(item)
         elif item in IGNORED or item.startswith(IGNORED_PREFIXES):
             result.ignored.append(item)
-        else:
+        elif name in LIBFUSE:
             result.fuse.append(item)
+        else:
+            raise OptionError(f"{item}: no such option{_closest(name, value if has_value else None, settings)}")
     return result
+
+
+def _closest(name: str, value: str | None, settings: Mapping[str, Setting]) -> str:
+    """`` (did you mean view=png?)`` for ``veiw`` and ``png``, or nothing where no known option is near."""
+    found = difflib.get_close_matches(name, [*settings, *LIBFUSE, *IGNORED, "rw"], n=1)
+    if not found:
+        return ""
+    return f" (did you mean {found[0]}{'' if value is None else '=' + value}?)"

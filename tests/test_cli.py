@@ -14,6 +14,8 @@ import pytest
 
 import stfs
 from stfs.cli import main
+from stfs.formats import REGISTRY, named
+from stfs.sources.base import URL_SCHEMES
 from tests.helpers import run
 from tests.models import rich_arrays, sharded_arrays, write_header, write_numpy, write_raw, write_sharded
 
@@ -130,7 +132,6 @@ def test_check_reports_warnings_and_passes(tmp_path: Path) -> None:
         [],
         ["check"],
         ["info"],
-        ["bogus"],
         ["check", "--bogus", "x"],
         ["info", "--json"],
         ["mount", "only-source"],
@@ -170,10 +171,21 @@ def test_help_everywhere(command: list[str]) -> None:
 @pytest.mark.parametrize("command", [[], ["mount"], ["info"], ["check"]])
 def test_help_says_what_source_can_be_with_an_example(command: list[str]) -> None:
     text = " ".join(stfs_run(*command, "--help").stdout.split())  # argparse wraps lines anywhere
-    for kind in (".safetensors file", ".safetensors.index.json", "a folder", "http(s)://", "s3://", "hf://"):
+    for kind in ("a model file", ".safetensors.index.json", "a folder", "http://", "https://", "s3://", "hf://"):
         assert kind in text
     examples = [line for line in stfs_run(*command, "--help").stdout.splitlines() if line.startswith("example: ")]
     assert len(examples) == 1 and examples[0].startswith(" ".join(["example: stfs", *command]))
+
+
+def test_help_names_every_format_and_url_scheme_stfs_reads() -> None:
+    """SOURCE's help is made from what the code reads (formats.REGISTRY and each format's title, URL_SCHEMES), so
+    it names GGUF, a DCP folder's .metadata or a new scheme as soon as stfs reads them."""
+    titles = [named(module).title for module, _, _ in REGISTRY]
+    suffixes = [suffix for _, names, indexes in REGISTRY for suffix in (*names, *indexes)]
+    for command in ([], ["mount"], ["info"], ["check"], ["diff"]):
+        text = " ".join(stfs_run(*command, "--help").stdout.split())
+        for word in (*titles, *suffixes, *URL_SCHEMES):
+            assert word in text, (command, word)
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])
@@ -187,6 +199,52 @@ def test_python_dash_m() -> None:
     result = run([sys.executable, "-m", "stfs", "--version"])
     assert result.returncode == 0
     assert result.stdout == f"stfs {stfs.__version__}\n"
+
+
+# -- a mistyped command is not a mount ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["chek", "m6"], "unknown command 'chek' (did you mean check?)"),
+        (
+            ["inof", "tiny.safetensors"],
+            "unknown command 'inof' (did you mean info?)",
+        ),  # was "mountpoint is not a dir..."
+        (["moutn", "tiny.safetensors", "m6"], "unknown command 'moutn' (did you mean mount?)"),
+        (["chek"], "unknown command 'chek' (did you mean check?)"),
+        (["--debug", "dif", "a", "b"], "unknown command 'dif' (did you mean diff?)"),
+        (["xyzzy", "m6"], "unknown command 'xyzzy' (commands: mount, unmount, info, check, diff)"),
+    ],
+)
+def test_a_mistyped_command_is_a_usage_error_not_a_mount(tmp_path: Path, argv: list[str], said: str) -> None:
+    """``stfs SOURCE MNT`` is mount(8)'s form only where it can be one; a word that names no file is a command
+    mistyped (it was a mount of ./chek at m6: "no such file or directory")."""
+    valid_file(tmp_path, "tiny.safetensors")
+    (tmp_path / "m6").mkdir()
+    result = stfs_run(*argv, cwd=tmp_path)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"stfs: {said}\n")
+    assert not os.path.ismount(tmp_path / "m6")
+
+
+@pytest.mark.parametrize("how", ["existing", "url", "o"])
+def test_the_mount8_form_where_it_can_be_one(tmp_path: Path, how: str) -> None:
+    """An existing SOURCE, a URL, or ``-o`` as mount(8) always passes: ``stfs mount``, whose own error then shows."""
+    source = {"existing": "m.safetensors", "url": "ftp://host/m.safetensors", "o": "missing.safetensors"}[how]
+    (tmp_path / "m.safetensors").write_bytes(b"\0" * 4)
+    argv = [source, str(tmp_path / "no-such-folder"), *(["-o", "ro"] if how == "o" else [])]
+    result = stfs_run(*argv, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "unknown command" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_umount_is_unmount(tmp_path: Path, mount: Any) -> None:
+    mnt = mount(valid_file(tmp_path))
+    result = stfs_run("umount", mnt)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert not os.path.ismount(mnt)
+    assert stfs_run("umount", "--help").stdout.startswith("usage: stfs unmount ")
 
 
 # -- errors: one line, no traceback; --debug shows one ---------------------------------------------------------------

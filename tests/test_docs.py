@@ -7,12 +7,13 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import run
+from tests.helpers import IN_CI, run
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -152,3 +153,41 @@ def test_readme_stays_short() -> None:
 
 def test_benchmarks_keep_the_current_figures_only() -> None:
     assert len((REPO / "docs" / "benchmarks.md").read_text().splitlines()) <= 400
+
+
+# -- the man page ------------------------------------------------------------------------------------------------------
+
+
+def test_the_man_page_names_every_format_and_url_scheme(tmp_path: Path) -> None:
+    """stfs(1) as the wheel's build writes it (scripts/man_page.py: pyproject.toml's [tool.build_manpages]): NAME and
+    every SOURCE's text made from formats.REGISTRY, each format's title and URL_SCHEMES (NAME said "mount
+    safetensors models", SOURCE a .safetensors file, an index, a folder or an http(s), s3 or hf URL)."""
+    from stfs.formats import REGISTRY, named
+    from stfs.sources.base import URL_SCHEMES
+
+    page = tmp_path / "stfs.1"
+    made = run([sys.executable, str(REPO / "scripts" / "man_page.py"), str(page)], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    text = page.read_text().replace("\\-", "-").replace("\\(aq", "'")
+    lines = text.splitlines()
+    name = lines[lines.index(".SH NAME") + 1]
+    titles = [named(module).title for module, _, _ in REGISTRY]
+    assert name.startswith("stfs - mount ") and all(title.split()[0] in name for title in titles), name
+    assert all(scheme in name for scheme in URL_SCHEMES), name
+    for command in ("mount", "info", "check"):
+        section = text.split(f"'stfs {command}'", 1)[1]
+        for word in (*titles, *URL_SCHEMES, *(s for _, names, indexes in REGISTRY for s in (*names, *indexes))):
+            assert word in " ".join(section.split()), (command, word)
+
+
+def test_man_stfs_works_after_the_readmes_setup() -> None:
+    """README's setup (scripts/setup.sh; .ci/run the same) leaves ``man stfs`` working, an editable install too: the
+    page was only built into build/man/, where man(1) never looks."""
+    if shutil.which("man") is None:
+        if IN_CI:
+            pytest.fail("man is missing in CI (the Debian package man-db)")
+        pytest.skip("no man here (the Debian package man-db; bash scripts/setup.sh)")
+    env = {name: value for name, value in os.environ.items() if name != "MANPATH"}
+    shown = run(["man", "-P", "cat", "stfs"], env={**env, "MANWIDTH": "100"})
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.lstrip().startswith("STFS(1)") and "NAME stfs - mount " in " ".join(shown.stdout.split())

@@ -82,6 +82,19 @@ def test_rule2_header_length_over_limit(tmp_path: Path, length: int) -> None:
     assert str(length) in exc.message
 
 
+def test_rule2_of_a_file_that_is_no_safetensors_file_says_so_and_shows_its_first_bytes(tmp_path: Path) -> None:
+    """A text file named .safetensors: its first 8 bytes read as a length, far past the limit, and no ``{`` after
+    them. The line says what it is, as for a file of no format (it was only "header length 3475222254926655346
+    exceeds the limit")."""
+    path = tmp_path / "notes.safetensors"
+    path.write_text("These are notes, not weights.\n")
+    exc = refused(str(path), errors.HeaderTooLarge, 2)
+    assert exc.message == (
+        f"{path}: not a safetensors file: its first bytes are b'These ar' (rule 2 (HeaderTooLarge): header length "
+        f"{int.from_bytes(b'These ar', 'little')} exceeds the limit of 100000000)"
+    )
+
+
 def test_rule2_limit_itself_is_allowed_then_rule3_applies(tmp_path: Path) -> None:
     refused(broken(tmp_path, {}, length=MAX_HEADER_LENGTH), errors.InvalidHeaderLength, 3)
 

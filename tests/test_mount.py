@@ -15,13 +15,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stfs.daemon import daemon_pid, mounted
 from stfs.tree import split_name
-from tests.helpers import run
+from tests.helpers import REPO, run
 from tests.models import (
     WEIRD_NAMES,
     rich_arrays,
@@ -425,20 +426,47 @@ def test_an_option_libfuse_refuses_is_its_one_line_and_nothing_mounted(
     rich: str,
     require_fuse: None,  # noqa: ANN001
 ) -> None:
+    """An option libfuse knows with a value it refuses (an unknown one is a usage error before: test_options.py)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     refused = "libfuse refused the mount: "
-    result = run(["stfs", "mount", rich, str(mnt), "-o", "ro,no_such_option=1", "--log-file", str(tmp_path / "log")])
+    result = run(["stfs", "mount", rich, str(mnt), "-o", "ro,umask=xyz", "--log-file", str(tmp_path / "log")])
     assert result.returncode == 1 and not os.path.ismount(mnt)
-    assert result.stderr.strip() == f"stfs: {mnt}: {refused}fuse: unknown option(s): `-o no_such_option=1'"
+    assert result.stderr.strip() == f"stfs: {mnt}: {refused}fuse: invalid parameter in option `umask=xyz'"
     # in the foreground libfuse says it on stderr itself, then stfs its line (it was a traceback ending in
     # "RuntimeError: libfuse could not mount ... (error the session has started)")
-    result = run(["stfs", "mount", rich, str(mnt), "-f", "-o", "no_such_option=1"])
+    result = run(["stfs", "mount", rich, str(mnt), "-f", "-o", "umask=xyz"])
     assert result.returncode == 1 and not os.path.ismount(mnt)
     assert result.stderr.strip().splitlines() == [
-        "fuse: unknown option(s): `-o no_such_option=1'",
+        "fuse: invalid parameter in option `umask=xyz'",
         f"stfs: {mnt}: {refused}it could not set up the session (libfuse's reason is above)",
     ]
+
+
+@pytest.mark.parametrize("foreground", [[], ["-f"]])
+def test_a_folder_that_is_not_empty_is_refused_unless_o_nonempty(
+    tmp_path: Path, rich: str, require_fuse: None, foreground: list[str]
+) -> None:
+    """A mount would hide what the folder holds (libfuse 3 and mount(8) allow it silently); ``-o nonempty`` (or
+    ``--nonempty``), as libfuse 2 and its users spell it, mounts all the same."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (mnt / ".keep").write_text("x")
+    stfs = [sys.executable, "-m", "stfs", "mount", rich, str(mnt), *foreground]
+    result = run(stfs, cwd=REPO)
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"stfs: {mnt}: mountpoint is not empty (the mount would hide what it holds); empty it, or add -o nonempty\n",
+    )
+    assert not os.path.ismount(mnt)
+    for spelling in (["-o", "nonempty"], ["--nonempty"]):
+        result = run([*stfs[:6], *spelling, "--log-file", str(tmp_path / "log")], cwd=REPO)  # in the background
+        try:
+            assert (result.returncode, result.stderr) == (0, "")
+            assert os.path.isdir(mnt / "tensors") and not (mnt / ".keep").exists()
+        finally:
+            run([sys.executable, "-m", "stfs", "unmount", str(mnt)], cwd=REPO)
+        assert (mnt / ".keep").read_text() == "x"
 
 
 def test_an_unmounted_daemon_ends_without_an_error(tmp_path, rich: str, require_fuse: None) -> None:  # noqa: ANN001

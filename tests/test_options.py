@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +21,7 @@ from stfs.errors import MountError
 from stfs.fuse_conf import allows_other, check_allow_other
 from stfs.options import READ_ONLY_WARNING, OptionError, Setting, choice, sort_options
 from stfs.sources import LocalFiles, descriptor_budget
-from tests.helpers import run
+from tests.helpers import REPO, run
 from tests.models import write_numpy
 
 # What mount.fuse3 passed to the program for `mount -t fuse.stfs SRC MNT [-o ...]` here (traced with a stub).
@@ -51,10 +54,43 @@ def test_every_stfs_setting() -> None:
     assert options.fuse == [] and options.warnings == []
 
 
-def test_unknown_items_go_to_libfuse_in_order() -> None:
+def test_libfuse_items_go_to_libfuse_in_order() -> None:
     options = sort_options(["allow_other,ro", "fsname=x,max_read=65536,", "kernel_cache"])
     assert options.fuse == ["allow_other", "ro", "fsname=x", "max_read=65536", "kernel_cache"]
     assert options.settings == {}
+
+
+LIBFUSE_ITEMS = (
+    "allow_other,allow_root,auto_unmount,default_permissions,blkdev,blksize=4096,max_read=131072,fsname=a:b,"
+    "subtype=x,ro,context=system_u:object_r:tmp_t:s0,user=joe,kernel_cache,auto_cache,noauto_cache,umask=022,uid=0,"
+    "gid=0,entry_timeout=1,attr_timeout=1.5,ac_attr_timeout=2,negative_timeout=0,noforget,remember=10,debug,"
+    "clone_fd,max_threads=4,max_idle_threads=2,direct_io,use_ino,readdir_ino,hard_remove,nopath,intr,intr_signal=10,"
+    "modules=subdir,subdir=/x,rellinks,norellinks,no_rofd_flush,fmask=022,dmask=022,symfollow,nosymfollow"
+)
+
+
+def test_every_option_libfuse_reads_goes_to_it() -> None:
+    """libfuse's own (lib/helper.c, fuse.c, fuse_lowlevel.c, mount.c, modules/) and those mfusepy sets in its
+    fuse_config: known, so handed on; libfuse still judges their values."""
+    options = sort_options([LIBFUSE_ITEMS])
+    assert options.fuse == LIBFUSE_ITEMS.split(",")
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("veiw=png", "veiw=png: no such option (did you mean view=png?)"),
+        ("alow_other", "alow_other: no such option (did you mean allow_other?)"),
+        ("max_reads=65536", "max_reads=65536: no such option (did you mean max_read=65536?)"),
+        ("treads", "treads: no such option (did you mean threads?)"),
+        ("zzz_qqq", "zzz_qqq: no such option"),
+    ],
+)
+def test_an_unknown_item_is_an_error_naming_the_closest(item: str, message: str) -> None:
+    """It was handed to libfuse, whose refusal came back as "libfuse refused the mount: fuse: unknown option(s)"."""
+    with pytest.raises(OptionError) as caught:
+        sort_options([f"ro,{item}"])
+    assert str(caught.value) == message
 
 
 def test_ignored_items() -> None:
@@ -172,6 +208,49 @@ def test_allow_other_refused_for_an_unprivileged_user_before_anything_starts() -
             assert not os.path.ismount(folder)
 
 
+def test_no_access_to_dev_fuse_says_what_to_do(tmp_path: Path) -> None:
+    """As uid nobody, in a mount namespace of its own where /dev/fuse is a root-only file of group ``disk`` (the
+    machine's /dev/fuse is not touched): one line naming the group to join, or root; it was libfuse's "fuse: failed
+    to open /dev/fuse: Permission denied" after the daemon had started."""
+    if os.getuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare")
+    with tempfile.TemporaryDirectory(prefix="stfs-nobody-") as folder:
+        os.chmod(folder, 0o755)
+        model = write_numpy(os.path.join(folder, "m.safetensors"), {"w": np.ones(4, dtype=np.float32)})
+        os.chmod(model, 0o644)
+        mnt = os.path.join(folder, "mnt")
+        os.mkdir(mnt)
+        os.chmod(mnt, 0o777)
+        device = os.path.join(folder, "fuse")
+        Path(device).touch()
+        os.chown(device, 0, grp.getgrnam("disk").gr_gid)
+        os.chmod(device, 0o660)
+        become_nobody = (
+            "import os, sys, stfs.cli, stfs.daemon, stfs.fuse_conf, stfs.stats, stfs.secrets; os.setgroups([]); "
+            "os.setgid(65534); os.setuid(65534); sys.exit(stfs.cli.main(sys.argv[1:]))"
+        )
+        for argv in (["mount", model, mnt], ["mount", model, mnt, "-f"], [model, mnt, "-o", "ro,dev,suid"]):
+            command = shlex.join([sys.executable, "-c", become_nobody, *argv])
+            result = run(
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    f"mount --bind {device} /dev/fuse && exec {command}",
+                ],
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
+            assert result.returncode == 1, result.stderr
+            assert result.stderr == (
+                "stfs: /dev/fuse: permission denied: mounting needs read and write access to it; add this user to "
+                "group disk (usermod -aG disk USER, then log in again), or mount as root\n"
+            )
+            assert not os.path.ismount(mnt)
+
+
 # -- the command line --------------------------------------------------------------------------------------------------
 
 
@@ -179,7 +258,10 @@ def test_allow_other_refused_for_an_unprivileged_user_before_anything_starts() -
     ("argv", "expected"),
     [
         (["/srv/m", "/mnt/m", "-o", "ro,dev,suid"], ["mount", "/srv/m", "/mnt/m", "-o", "ro,dev,suid"]),
-        (["m.safetensors", "mnt"], ["mount", "m.safetensors", "mnt"]),
+        (["hf://org/model", "mnt"], ["mount", "hf://org/model", "mnt"]),
+        (["missing.safetensors", "mnt"], ["missing.safetensors", "mnt"]),  # no such SOURCE, no -o: a mistyped command
+        (["chek", "mnt", "-oro"], ["mount", "chek", "mnt", "-oro"]),  # -o: as mount(8) runs it, whatever SOURCE is
+        (["umount", "mnt"], ["umount", "mnt"]),
         (["mount", "a", "b"], ["mount", "a", "b"]),
         (["info", "a", "b"], ["info", "a", "b"]),
         (["--debug", "info", "a"], ["--debug", "info", "a"]),
@@ -191,8 +273,11 @@ def test_mount8_form(argv: list[str], expected: list[str]) -> None:
     assert mount8_form(argv) == expected
 
 
-def planned(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
-    """What ``main(argv)`` passes to ``plan_mount`` (stopped there, nothing mounted)."""
+def planned(monkeypatch: pytest.MonkeyPatch, folder: Path, argv: list[str]) -> dict[str, Any]:
+    """What ``main(argv)`` passes to ``plan_mount`` (stopped there, nothing mounted), run in ``folder`` holding the
+    empty mountpoint ``m`` (the command checks it first)."""
+    monkeypatch.chdir(folder)
+    os.makedirs("m", exist_ok=True)
     seen: dict[str, Any] = {}
 
     def plan_mount(
@@ -215,9 +300,10 @@ def planned(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
     return seen
 
 
-def test_o_settings_are_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_o_settings_are_the_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     by_flags = planned(
         monkeypatch,
+        tmp_path,
         [
             "mount",
             "s",
@@ -240,6 +326,7 @@ def test_o_settings_are_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     by_o = planned(
         monkeypatch,
+        tmp_path,
         [
             "s",
             "m",
@@ -265,12 +352,15 @@ def test_o_settings_are_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_o_views_add_to_view_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert planned(monkeypatch, ["mount", "s", "m", "--view", "npy", "-o", "view=f32"])["views"] == ["npy", "f32"]
+def test_o_views_add_to_view_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert planned(monkeypatch, tmp_path, ["mount", "s", "m", "--view", "npy", "-o", "view=f32"])["views"] == [
+        "npy",
+        "f32",
+    ]
 
 
-def test_defaults_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert planned(monkeypatch, ["mount", "s", "m"]) == {
+def test_defaults_unchanged(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert planned(monkeypatch, tmp_path, ["mount", "s", "m"]) == {
         "source": os.path.abspath("s"),
         "mountpoint": "m",
         "layout": "nested",
@@ -282,13 +372,16 @@ def test_defaults_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     }
 
 
-def test_rw_warns_on_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    assert planned(monkeypatch, ["s", "m", "-o", "rw,dev,suid"])["options"] == []
+def test_rw_warns_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert planned(monkeypatch, tmp_path, ["s", "m", "-o", "rw,dev,suid"])["options"] == []
     assert capsys.readouterr().err == f"stfs: warning: {READ_ONLY_WARNING}\nstfs: planned\n"
 
 
 @pytest.mark.parametrize(
-    "options", ["layout=round", "max_open_files=0", "threads=1", "log_file", "view=bogus", "view", "timeout=inf"]
+    "options",
+    ["layout=round", "max_open_files=0", "threads=1", "log_file", "view=bogus", "view", "timeout=inf", "veiw=png"],
 )
 def test_bad_o_values_are_usage_errors(options: str) -> None:
     for argv in (["mount", "s", "m", "-o", options], ["s", "m", "-o", f"ro,{options}"]):

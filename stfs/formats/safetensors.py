@@ -37,7 +37,13 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         raise errors.InvalidHeaderLength(path, f"file ended after {len(head)} bytes, inside the length prefix")
     (length,) = struct.unpack("<Q", head[:8])
     if length > MAX_HEADER_LENGTH:
-        raise errors.HeaderTooLarge(path, f"header length {length} exceeds the limit of {MAX_HEADER_LENGTH}")
+        # Without a "{" after them, the 8 bytes read as the length are no length at all: text, another format
+        opening = (head[8:9] or fetch(8, 1)) if file_size > 8 else b""
+        raise errors.HeaderTooLarge(
+            path,
+            f"header length {length} exceeds the limit of {MAX_HEADER_LENGTH}",
+            first_bytes=None if opening == b"{" else bytes(head[:8]),
+        )
     if 8 + length > file_size:
         raise errors.InvalidHeaderLength(path, f"header length {length} runs past the end of the {file_size}-byte file")
     raw = head[8 : 8 + length] if len(head) >= 8 + length else fetch(8, length)
