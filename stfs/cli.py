@@ -45,7 +45,8 @@ def source_text() -> str:
     indexes = [index for _, _, names in REGISTRY for index in names]
     return (
         f"a model file ({_listed(files)}), an index ({_listed(indexes)}: the sharded set it names), a folder "
-        f"(every model in it), or an {_listed(URL_SCHEMES)} URL of any of these"
+        f"(every model in it; an OCI image layout or Ollama's models folder: every model its manifests name), "
+        f"or an {_listed(URL_SCHEMES)} URL of any of these (oci://HOST/REPO[:TAG]: a model in an OCI registry)"
     )
 
 
