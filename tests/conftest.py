@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from stfs import errors
+from stfs import errors  # first: import stfs names libfuse3 for mfusepy, which a test module may import next
 from stfs.daemon import mounted, unescape_mountinfo, unmount
 from tests.helpers import IN_CI, MountFn, need_fuse
 from tests.servers import S3, S3_ENV, FakeHub, FaultProxy, MotoServer, Nginx, TlsFiles, find_tool, make_tls
