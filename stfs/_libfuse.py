@@ -60,7 +60,8 @@ def _libfuse3() -> None:
     if mfusepy.fuse_version_major != 3:
         raise errors.MountError(
             f"mfusepy loaded {mfusepy._libfuse_path} (libfuse {mfusepy.fuse_version_major}."
-            f"{mfusepy.fuse_version_minor}), and stfs needs libfuse3: unset FUSE_LIBRARY_PATH, or set FUSE_LIBRARY_NAME=fuse3"
+            f"{mfusepy.fuse_version_minor}), and stfs needs libfuse3: unset FUSE_LIBRARY_PATH, or set "
+            "FUSE_LIBRARY_NAME=fuse3"
         )
 
 
