@@ -522,14 +522,13 @@ class _Tensors:
         pieces = []
         for run_wire, start, at, end in runs:
             piece = self.window.get(at, end - at)
-            broken = (len(piece) % (4 if wire == 5 else 8) != 0) if wire else (piece[-1:] >= b"\x80")
-            if run_wire == 2 and broken:
+            if run_wire == 2 and not _ends_whole(piece, wire):
                 raise errors.InvalidProtobuf(
                     self.path, f"the packed {field_name} at byte {start} ends inside a value", name
                 )
             pieces.append(piece)
         stream = b"".join(pieces)  # the values back to back, packed or not: one run of them
-        held = len(stream) // (4 if wire == 5 else 8) if wire else _count_varints(stream)
+        held = len(stream) // FIXED[wire] if wire else _count_varints(stream)
         expected = {COMPLEX64: 2 * count, COMPLEX128: 2 * count}.get(data_type, count)
         if dtype == "F4":
             expected = (count + 1) // 2  # two values an int32, as raw_data packs them
@@ -578,6 +577,14 @@ def _int64(value: int) -> int:
 
 
 _CONTINUED = bytes(range(0x80, 0x100))
+FIXED = {5: 4, 1: 8}  # wire type -> bytes of a value
+PACKS = {1: "B", 2: "H", 4: "I", 8: "Q"}  # bytes of an integer -> its struct code
+
+
+def _ends_whole(run: bytes, wire: int) -> bool:
+    """Whether a packed run of values of wire type ``wire`` ends where its last value does (else protobuf refuses
+    the message)."""
+    return (not run or run[-1] < 0x80) if wire == 0 else len(run) % FIXED[wire] == 0
 
 
 def _count_varints(stream: bytes) -> int:
@@ -614,10 +621,7 @@ def _narrowed(stream: bytes, width: int, path: str, name: str) -> bytes:
     if values is None:
         raise errors.InvalidProtobuf(path, "a varint of its typed field is longer than 10 bytes", name)
     mask = (1 << 8 * width) - 1
-    return struct.pack(
-        f"<{len(values)}{'B' if width == 1 else 'H' if width == 2 else 'I' if width == 4 else 'Q'}",
-        *(value & mask for value in values),
-    )
+    return struct.pack(f"<{len(values)}{PACKS[width]}", *(value & mask for value in values))
 
 
 def _narrowed_numpy(stream: bytes, width: int, path: str, name: str) -> bytes:
