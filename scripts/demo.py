@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Write a small sample model, mount it with stfs, look inside with ordinary tools, unmount.
 
-Usage: python3 scripts/demo.py [WORKDIR]   (default: a new temporary folder)
+Usage: python3 scripts/demo.py [WORKDIR]   (default: a new temporary folder, removed at the end)
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,22 @@ def show(command: str) -> None:
 
 
 def main() -> int:
-    work = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="stfs-demo-")
+    if len(sys.argv) > 1:
+        return demo(sys.argv[1])
+    work = tempfile.mkdtemp(prefix="stfs-demo-")
+    start = os.getcwd()
+    try:
+        return demo(work)
+    finally:
+        os.chdir(start)
+        if os.path.ismount(os.path.join(work, "mnt")):  # removing it would walk the mount: left, and said where
+            print(f"{work}/mnt is still mounted: stfs unmount it, then remove {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work)
+
+
+def demo(work: str) -> int:
+    """The example in ``work``: its model, then the mount at ``work/mnt``."""
     model = os.path.join(work, "model")
     mnt = os.path.join(work, "mnt")
     os.makedirs(model, exist_ok=True)

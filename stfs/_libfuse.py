@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import importlib
 import logging
 import mmap
 import os
@@ -33,17 +34,40 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # else mfusepy may load libfuse2 (128 KiB requests)
+import mfusepy
 
-import mfusepy  # noqa: E402
+from . import errors, stopping
+from .nodes import Decoded, DirNode, FileNode, Gathered, Node, Range, ShardData, clamp, pieces
+from .readahead import Readahead
+from .sources import PAGE, ByteSource, SpliceSource
+from .stats import Stats, counted, from_environment
+from .tree import Tree
+
+log = logging.getLogger(__name__)
+
+
+def _libfuse3() -> None:
+    """mfusepy loads its libfuse when first imported, by ``FUSE_LIBRARY_NAME`` (which ``import stfs`` sets to fuse3);
+    one imported before stfs, the name unset, took libfuse2 where it is installed beside libfuse3 (Ubuntu desktops,
+    for AppImages), whose structures stfs._native would write with libfuse3's offsets: such a module is run again
+    now, loading libfuse3. A libfuse the environment names otherwise (``FUSE_LIBRARY_PATH``) is refused in one
+    line."""
+    global mfusepy
+    chosen = os.environ.get("FUSE_LIBRARY_PATH") or os.environ.get("FUSE_LIBRARY_NAME", "fuse3") != "fuse3"
+    if mfusepy.fuse_version_major != 3 and not chosen:
+        log.debug("mfusepy had loaded %s (imported before stfs): loading libfuse3", mfusepy._libfuse_path)
+        mfusepy = importlib.reload(mfusepy)
+    if mfusepy.fuse_version_major != 3:
+        raise errors.MountError(
+            f"mfusepy loaded {mfusepy._libfuse_path} (libfuse {mfusepy.fuse_version_major}."
+            f"{mfusepy.fuse_version_minor}), and stfs needs libfuse3: unset FUSE_LIBRARY_PATH, or set "
+            "FUSE_LIBRARY_NAME=fuse3"
+        )
+
+
+_libfuse3()
+
 from mfusepy import ENOATTR, FuseOSError, Operations  # noqa: E402
-
-from . import errors, stopping  # noqa: E402
-from .nodes import Decoded, DirNode, FileNode, Gathered, Node, Range, ShardData, clamp, pieces  # noqa: E402
-from .readahead import Readahead  # noqa: E402
-from .sources import PAGE, ByteSource, SpliceSource  # noqa: E402
-from .stats import Stats, counted, from_environment  # noqa: E402
-from .tree import Tree  # noqa: E402
 
 try:
     from . import _native  # type: ignore[attr-defined]  # noqa: E402
@@ -70,8 +94,6 @@ class StfsOperations(Protocol):
 
 NATIVE_VARIABLE = "STFS_NATIVE"  # "0": serve every request from Python
 __all__ = ["ENOATTR", "NATIVE_VARIABLE", "FuseOSError", "Operations", "StfsFUSE", "request_size", "serve"]
-
-log = logging.getLogger(__name__)
 
 FUSE_CAP_SPLICE_WRITE = 1 << 7  # fuse_common.h (tests/test_libfuse_layout.py checks it)
 MAX_REQUEST = 1 << 20  # libfuse's (and the kernel's 256-page) limit on one read

@@ -463,13 +463,6 @@ class OnnxError(RuleError):
     format_name = "ONNX"
 
 
-class OnnxUnavailable(OnnxError):
-    """The ``onnx`` package, which decodes an ONNX model's messages, is not installed."""
-
-    rule_text = "needs the onnx package"
-    refutes_format = True  # a folder's .onnx file is then left in files/, not a model
-
-
 class TruncatedProtobuf(OnnxError):
     """A field's length or a varint runs past the end of the message holding it, or of the file."""
 
@@ -478,7 +471,7 @@ class TruncatedProtobuf(OnnxError):
 
 class InvalidProtobuf(OnnxError):
     """The bytes are not protobuf as onnx's messages are: a wire type or field number protobuf has not, a varint
-    over 10 bytes, messages nested past protobuf's limit, a message the onnx package refuses to decode."""
+    over 10 bytes, messages nested past protobuf's limit, a packed run that ends inside a value."""
 
     rule_text = "protobuf"
 

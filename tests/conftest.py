@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stfs import errors
+from stfs import errors  # first: import stfs names libfuse3 for mfusepy, which a test module may import next
 from stfs.daemon import mounted, unescape_mountinfo, unmount
 from tests.helpers import IN_CI, MountFn, need_fuse
 from tests.registry import BlobRedirector, Registry, TokenIssuer, write_registry_auth_file

@@ -29,20 +29,25 @@ def readme_example() -> list[str]:
     return lines[start + 2 : end]
 
 
-def test_the_readme_example_is_what_the_demo_prints(tmp_path: Path, require_fuse: None) -> None:
-    """``python3 scripts/demo.py WORK`` runs the example's commands on the demo model with this checkout's stfs; its
-    output, WORK spelled ``~/demo``, is README's example line for line."""
+def demo_environment(tmp_path: Path) -> dict[str, str]:
+    """The environment in which ``stfs`` is this checkout's (a shim first on PATH)."""
     shims = tmp_path / "bin"
     shims.mkdir()
     shim = shims / "stfs"
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m stfs "$@"\n')
     shim.chmod(0o755)
-    work = tmp_path / "demo"
-    env = {
+    return {
         **os.environ,
         "PATH": f"{shims}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
+
+
+def test_the_readme_example_is_what_the_demo_prints(tmp_path: Path, require_fuse: None) -> None:
+    """``python3 scripts/demo.py WORK`` runs the example's commands on the demo model with this checkout's stfs; its
+    output, WORK spelled ``~/demo``, is README's example line for line."""
+    env = demo_environment(tmp_path)
+    work = tmp_path / "demo"
     result = run([sys.executable, str(REPO / "scripts" / "demo.py"), str(work)], env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     shown = result.stdout.replace(str(work), "~/demo").splitlines()
@@ -50,6 +55,17 @@ def test_the_readme_example_is_what_the_demo_prints(tmp_path: Path, require_fuse
     assert shown == expected, "README's example and what scripts/demo.py prints differ:\n" + "\n".join(
         difflib.unified_diff(expected, shown, "README.md", "scripts/demo.py", lineterm="")
     )
+
+
+def test_the_demo_without_a_folder_leaves_nothing_behind(tmp_path: Path, require_fuse: None) -> None:
+    """``python3 scripts/demo.py`` (the README's first command) works in a temporary folder and removes it."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**demo_environment(tmp_path), "TMPDIR": str(temporary)}
+    result = run([sys.executable, str(REPO / "scripts" / "demo.py")], env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "$ stfs unmount mnt" in result.stdout
+    assert list(temporary.iterdir()) == []
 
 
 def test_the_readme_example_mounts_what_the_readme_says() -> None:

@@ -11,16 +11,20 @@ where those fields are.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import importlib
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import mfusepy
+import numpy as np
 import pytest
 
 from stfs import _libfuse
-from tests.helpers import IN_CI
+from tests.helpers import IN_CI, REPO, run, stfs_command
 
 CONN_MEMBERS = ("capable", "want", "max_read")
 OPERATIONS = ("getattr", "open", "statfs", "flush", "release", "opendir", "readdir", "releasedir", "read_buf")
@@ -77,3 +81,52 @@ def test_native_writes_where_mfusepy_put_the_callbacks() -> None:
         field = getattr(mfusepy.fuse_operations, name)
         assert (field.offset, field.size) == tuple(layout[name]), name
     assert ctypes.sizeof(mfusepy.fuse_operations) == layout["fuse_operations"][1]
+
+
+# -- which libfuse, whatever is imported first ------------------------------------------------------------------------
+
+LIBFUSE2 = ctypes.util.find_library("fuse")  # libfuse2, where installed beside libfuse3 (.ci/run installs it)
+
+
+def without_library_name() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name not in ("FUSE_LIBRARY_NAME", "FUSE_LIBRARY_PATH")}
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import mfusepy; import stfs; from stfs import _libfuse",  # mfusepy first: stfs._libfuse reloads it
+        "import stfs; import mfusepy",  # after stfs: import stfs named fuse3 for it
+        "from stfs import errors; import mfusepy; from stfs import _libfuse",  # as tests/conftest.py, then a test
+    ],
+    ids=["mfusepy-first", "stfs-first", "conftest-order"],
+)
+def test_libfuse3_is_loaded_whichever_is_imported_first(imports: str) -> None:
+    """Where libfuse2 is installed beside libfuse3 (Ubuntu desktops), mfusepy imported with no FUSE_LIBRARY_NAME
+    takes libfuse2: in any order of imports, the mfusepy stfs uses (and everyone's, one module) has libfuse3."""
+    if LIBFUSE2 is None and IN_CI:
+        pytest.fail("libfuse2 is missing in CI (.ci/run installs it): the import order would not matter")
+    code = f"{imports}; import mfusepy as m, sys; print(m.fuse_version_major, m._libfuse_path); sys.stdout.flush()"
+    result = run([sys.executable, "-c", code], cwd=REPO, env=without_library_name())
+    assert result.returncode == 0, result.stderr
+    major, path = result.stdout.split()
+    assert major == "3" and "fuse3" in path, result.stdout
+
+
+@pytest.mark.skipif(LIBFUSE2 is None, reason="libfuse2 is not installed")
+def test_a_libfuse2_the_environment_names_is_refused_in_one_line(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.ones(3, np.float32)}, str(tmp_path / "model.safetensors"))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = stfs_command(
+        "mount",
+        str(tmp_path / "model.safetensors"),
+        str(mnt),
+        env={**without_library_name(), "FUSE_LIBRARY_NAME": "fuse"},
+    )
+    assert not os.path.ismount(mnt)
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert "libfuse.so.2" in line and "needs libfuse3" in line, line

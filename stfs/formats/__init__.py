@@ -6,7 +6,7 @@ into tensors (each one range of its file, or ``TensorEntry.scattered``; a format
 folder, ``fetch.folder``: a DCP's ``.metadata`` names its ``.distcp`` files), the dtypes it adds, how the files of a
 split set merge, and its name in ``--view safetensors``. ``REGISTRY`` lists the formats; nothing outside this
 package names one. Modules are imported when a file of theirs is met (the ``gguf`` package takes a fifth of a
-second to import; the ``onnx`` package, which only ONNX models need, is imported when one is read).
+second to import; ONNX models are read without the ``onnx`` package, which takes two).
 """
 
 from __future__ import annotations
