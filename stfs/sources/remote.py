@@ -47,10 +47,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import stopping
+from . import retries
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SharedBlocks, SourceChanged
 from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache, gaps
-from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
+from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line, refused
 from .streams import BACKWARD_SLACK, FIRST_WINDOW, Stream, fetch_ahead, follow
 
 if TYPE_CHECKING:
@@ -72,6 +73,14 @@ T = TypeVar("T")
 
 
 Part = bytes | tuple[Slot, int, int]  # bytes of the first read, or (a used slot, where in the memfd, how many)
+
+
+class DeadlineSpent(OSError):
+    """A request retried until its ``deadline`` and given up: a read with a later deadline may ask again."""
+
+    def __init__(self, message: str, deadline: float) -> None:
+        super().__init__(message)
+        self.deadline = deadline
 
 
 class RangeIgnored(OSError):
@@ -237,6 +246,7 @@ class RemoteFiles:
         self._arrived = 0  # pieces of bodies arrived: how a waiting reader sees a slow link move
         self._get_rate = float("inf")  # bytes/s one obstore GET brought last: sizes the next (_get_pieces)
         self.ignores_range = False
+        self._nearby = retries.is_loopback(getattr(transport, "endpoint", None) or transport.base)  # this machine
         if prefault:  # a mount: the transport prepared and the first slots faulted in while headers are read
             threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
 
@@ -476,7 +486,7 @@ class RemoteFiles:
             return
         deadline = time.monotonic() + self.timeout
         cache = self._block_cache()
-        clip = self._read_ahead(pin, offset, count, low, high)
+        clip = self._read_ahead(pin, offset, count, low, high, deadline)
         end = offset + count
         position = offset
         while position < end:
@@ -518,10 +528,10 @@ class RemoteFiles:
                     if not lo <= start < hi:
                         lo, hi = start, end
                     lo, hi = self._gap(pin.key, block, lo, hi, start)
-                    future = self._submit(pin, block, lo, hi)
+                    future = self._submit(pin, block, lo, hi, deadline)
             if future is None:
                 into = memoryview(bytearray(end - start))
-                self._fill(pin, start, into)
+                self._fill(pin, start, into, deadline)
                 return bytes(into)
             self._wait(future, deadline)  # then look again: a fetch ends with its range filled
 
@@ -530,24 +540,27 @@ class RemoteFiles:
         lo = max(block * self.block_size, clip[0], len(pin.head))
         return lo, min((block + 1) * self.block_size, clip[1], pin.size)
 
-    def _submit(self, pin: _Pin, block: int, lo: int, hi: int) -> Future | None:
-        """Start fetching ``[lo, hi)`` of ``block`` into its slot; the lock is held. ``None``: no slot is free."""
+    def _submit(self, pin: _Pin, block: int, lo: int, hi: int, deadline: float) -> Future | None:
+        """Start fetching ``[lo, hi)`` of ``block`` into its slot, retried until ``deadline`` (that of the read it is
+        for); the lock is held. ``None``: no slot is free."""
         fetch_key = (pin.key, block, lo, hi)
         future = self._fetching.get(fetch_key)
         if future is None:
             slot = self._block_cache().acquire((pin.key, block))
             if slot is None:
                 return None
-            future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi, slot)
+            future = self._fetching[fetch_key] = self._executor().submit(
+                self._fetch, pin, block, lo, hi, slot, deadline
+            )
         return future
 
-    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot) -> None:
+    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot, deadline: float) -> None:
         """Fill ``[lo, hi)`` of ``block``'s slot (``_fill``); what came from the server goes on to the disk cache
         after the readers waiting for it have it (``_keep``), the slot held for it meanwhile."""
         cache = self._block_cache()
         try:
             start = cache.offset(slot, block, lo)
-            fetched = self._fill(pin, lo, cache.view[start : start + hi - lo])
+            fetched = self._fill(pin, lo, cache.view[start : start + hi - lo], deadline)
             with self._lock:
                 cache.filled(slot, lo, hi)
                 if fetched and self.disk_cache is not None and not self._closed:
@@ -559,12 +572,13 @@ class RemoteFiles:
                 cache.release(slot)
                 self._fetching.pop((pin.key, block, lo, hi), None)
 
-    def _fill(self, pin: _Pin, lo: int, into: memoryview) -> list[tuple[int, int]]:
+    def _fill(self, pin: _Pin, lo: int, into: memoryview, deadline: float | None = None) -> list[tuple[int, int]]:
         """Fill ``into`` with the pinned version's bytes from ``lo``: what the disk cache holds of them from there,
-        the gaps from the server (gaps closer than ``BRIDGE`` as one request); the ranges fetched."""
+        the gaps from the server (gaps closer than ``BRIDGE`` as one request), until ``deadline`` (a read's, else
+        ``--timeout`` from now); the ranges fetched."""
         kept = self.disk_cache.read_into(pin.key, pin.tag, lo, into) if self.disk_cache is not None else []
         missing = gaps(lo, lo + len(into), kept, BRIDGE)
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.timeout if deadline is None else deadline
         for a, b in missing:
             self._retrying(partial(self._get_into, pin, a, into[a - lo : b - lo]), pin, deadline)
         return missing
@@ -652,9 +666,14 @@ class RemoteFiles:
 
     def _retrying(self, call: Callable[[], T], pin: _Pin | None, deadline: float) -> T:
         """``call()`` again after resets, timeouts, 5xx and 429, with backoff, until ``deadline``; a changed or
-        vanished object (412, 404 of a pinned one) marks ``pin`` changed and fails at once."""
-        delay = 0.05
+        vanished object (412, 404 of a pinned one) marks ``pin`` changed and fails at once. A refused connection to
+        this machine is asked again for ``REFUSED_NEARBY`` seconds only: nothing will listen there soon."""
+        waits = retries.delays()
+        delay = next(waits)
+        started = time.monotonic()
+        attempts = 0
         while True:
+            attempts += 1
             if self._closed:
                 raise OSError("the mount is going away")
             try:
@@ -671,16 +690,22 @@ class RemoteFiles:
                     raise RangeIgnored("the server no longer answers Range requests (it sent the whole file)") from exc
                 if kind == UNREACHABLE and pin is None:  # first contact: nothing says a server was ever there
                     raise OSError(_one_line(exc)) from exc
+                if kind == UNREACHABLE and self._nearby and refused(exc):
+                    deadline = min(deadline, started + retries.REFUSED_NEARBY)
+                    if time.monotonic() + delay >= deadline:
+                        elapsed = time.monotonic() - started
+                        raise OSError(f"{_one_line(exc)}, {attempts} times in {elapsed:.1f} s") from exc
                 if kind not in (RETRY, UNREACHABLE) or time.monotonic() + delay >= deadline:
                     if kind in (RETRY, UNREACHABLE):
-                        raise OSError(f"gave up after {self.timeout:g} s: {_one_line(exc)}") from exc
+                        message = f"gave up after {self.timeout:g} s: {_one_line(exc)}"
+                        raise DeadlineSpent(message, deadline) from exc
                     if isinstance(exc, OSError) and not type(exc).__module__.startswith("obstore"):
                         raise
                     raise OSError(_one_line(exc)) from exc
                 stopping.give_up_if_requested(pin.key if pin else "a first read")  # not --timeout more of retries
                 log.debug("retrying %s after %s", pin.key if pin else "a first read", _one_line(exc))
                 time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = next(waits)
 
     def _changed(self, pin: _Pin, detail: str) -> None:
         if not pin.changed:
@@ -712,18 +737,26 @@ class RemoteFiles:
 
     def _wait(self, future: Future, deadline: float) -> None:
         """Wait for ``future`` until ``deadline``, then on for as long as bytes keep arriving (from any of this
-        source's fetches, the one awaited perhaps queued behind them): a slow link is not a stalled server."""
+        source's fetches, the one awaited perhaps queued behind them): a slow link is not a stalled server. A fetch
+        that gave up at its own deadline, before the read's (it began earlier, for another read), is no answer for
+        this read: it returns, and the read looks again."""
         while True:
             seen = self._arrived
             try:
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
+                return
+            except DeadlineSpent as exc:
+                if exc.deadline >= deadline or time.monotonic() >= deadline:
+                    raise
                 return
             except FutureTimeout:
                 if self._arrived == seen:
                     raise OSError(f"no answer from the server within {self.timeout:g} s") from None
                 deadline = time.monotonic() + self.timeout
 
-    def _read_ahead(self, pin: _Pin, offset: int, count: int, low: int, high: int) -> tuple[int, int] | None:
+    def _read_ahead(
+        self, pin: _Pin, offset: int, count: int, low: int, high: int, deadline: float
+    ) -> tuple[int, int] | None:
         """Follow the readers of ``pin``'s file and start fetching ahead of a sequential one; what a read may fetch
         of the blocks it needs: ``(lo, hi)``, or ``None`` for exactly the bytes asked (a jump).
 
@@ -750,7 +783,7 @@ class RemoteFiles:
                 lo, hi = self._bounds(pin, block, clip)
                 while lo < hi:  # each part of the block neither held nor on its way
                     gap = self._gap(pin.key, block, lo, hi, lo)
-                    if gap[0] < gap[1] and self._submit(pin, block, gap[0], gap[1]) is None:
+                    if gap[0] < gap[1] and self._submit(pin, block, gap[0], gap[1], deadline) is None:
                         return clip  # no slot free: readers first
                     lo = max(gap[1], lo + 1) if gap[0] < gap[1] else self._covered_until(pin.key, block, lo)
             return clip
