@@ -53,6 +53,7 @@ from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache, gaps
 from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line, refused
 from .streams import BACKWARD_SLACK, FIRST_WINDOW, Stream, fetch_ahead, follow
+from .whole import CHUNK, DiskStore, MemoryStore, WholeFile, fits_in_memory, memory_needed, notice, refusal
 
 if TYPE_CHECKING:
     from .http_client import HttpClient, ResolvingClient, SignedClient
@@ -197,9 +198,10 @@ class _Pin:
 class RemoteFiles:
     """A ``ByteSource`` over one remote store (see the module docstring).
 
-    ``ranges_required``: a server that ignores Range (answers 200 with the whole object) is refused with
-    ``RangeIgnored`` (a mount, whose every read would stream the object from its start); without it (``stfs info``,
-    ``stfs check``) the bytes needed are streamed from the start of the body and the connection dropped after them.
+    ``ranges_required`` (a mount): a file whose server ignores Range (answers 200 with the whole object) is read
+    whole, once, into the cache (``stfs.sources.whole``; ``warnings`` says so), or refused with ``RangeIgnored``
+    where it cannot fit; without it (``stfs info``, ``stfs check``) the bytes needed are streamed from the start of
+    the body and the connection dropped after them.
     ``prefault`` (a mount): the block cache is made at once and the slots a sequential reader cycles through are
     faulted in, in the background (``SlotCache.populate``), so its first reads pay no fresh pages.
     """
@@ -246,6 +248,8 @@ class RemoteFiles:
         self._arrived = 0  # pieces of bodies arrived: how a waiting reader sees a slow link move
         self._get_rate = float("inf")  # bytes/s one obstore GET brought last: sizes the next (_get_pieces)
         self.ignores_range = False
+        self._wholes: dict[str, WholeFile] = {}  # files of a server that ignores Range, read whole (a mount)
+        self.warnings: list[str] = []  # for the mount to show: the files it reads whole
         self._nearby = retries.is_loopback(getattr(transport, "endpoint", None) or transport.base)  # this machine
         if prefault:  # a mount: the transport prepared and the first slots faulted in while headers are read
             threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
@@ -397,6 +401,8 @@ class RemoteFiles:
             pin = self._pins.get(key)
             if pin is None:
                 pin = self._from_listing(key) or self._probe(key)
+                if self.ranges_required and self.ignores_range and pin.size > len(pin.head):
+                    self._read_whole(pin, at_mount=True)
                 with self._lock:
                     self._pins[key] = pin
             return pin
@@ -450,13 +456,9 @@ class RemoteFiles:
         meta = result.meta
         if int(meta["size"]) == 0:
             return meta, b""
-        if self.ranges_required:
-            raise RangeIgnored(
-                "the server ignores Range requests (it answered 200 with the whole file): stfs mount needs them; "
-                "stfs info and stfs check work"
-            )
         if not self.ignores_range:
-            log.warning("the server of %s ignores Range requests: reading from the start of each file", path)
+            if not self.ranges_required:  # a mount reads each file whole, and says so (``_read_whole``)
+                log.warning("the server of %s ignores Range requests: reading from the start of each file", path)
             self.ignores_range = True
         received = bytearray()
         stream = result.stream(min_chunk_size=64 * 1024)
@@ -486,7 +488,8 @@ class RemoteFiles:
             return
         deadline = time.monotonic() + self.timeout
         cache = self._block_cache()
-        clip = self._read_ahead(pin, offset, count, low, high, deadline)
+        whole = self._whole(pin)
+        clip = None if whole is not None else self._read_ahead(pin, offset, count, low, high, deadline)
         end = offset + count
         position = offset
         while position < end:
@@ -496,7 +499,11 @@ class RemoteFiles:
                 position = take
                 continue
             block = position // self.block_size
-            piece = self._piece(pin, block, position, min(end, (block + 1) * self.block_size), clip, deadline)
+            stop = min(end, (block + 1) * self.block_size)
+            if whole is not None:
+                piece = self._whole_piece(pin, whole, block, position, stop, deadline)
+            else:
+                piece = self._piece(pin, block, position, stop, clip, deadline)
             if isinstance(piece, bytes):
                 yield piece
                 position += len(piece)
@@ -534,6 +541,117 @@ class RemoteFiles:
                 self._fill(pin, start, into, deadline)
                 return bytes(into)
             self._wait(future, deadline)  # then look again: a fetch ends with its range filled
+
+    # -- files read whole (a server that ignores Range) ------------------------------------------------------------
+
+    def _whole(self, pin: _Pin) -> WholeFile | None:
+        """The store of ``pin``'s file if a mount reads it whole (its server ignores Range), else ``None``."""
+        whole = self._wholes.get(pin.key)
+        if whole is None and self.ranges_required and self.ignores_range and pin.size > len(pin.head):
+            whole = self._read_whole(pin, at_mount=False)  # pinned from a listing, then found to ignore Range
+        return whole
+
+    def _read_whole(self, pin: _Pin, at_mount: bool) -> WholeFile:
+        """Make the store of a file read whole: in the disk cache given one, else in the block cache's slots held for
+        the mount; ``RangeIgnored`` in one line naming the option that would make it fit where it does not. The
+        warning goes to ``warnings`` at mount, else to the log."""
+        with self._lock:
+            known = self._wholes.get(pin.key)
+            sizes = [whole.size for whole in self._wholes.values()] + [pin.size]
+        if known is not None:
+            return known
+        store: MemoryStore | DiskStore
+        if self.disk_cache is not None:
+            limit = self.disk_cache.max_bytes
+            if sum(sizes) > limit:
+                raise RangeIgnored(refusal(pin.size, "--cache-dir-size", limit, sum(sizes)))
+            store = DiskStore(self.disk_cache, pin.key, pin.tag, pin.size)
+        else:
+            cache = self._block_cache()
+            if not fits_in_memory(sizes, cache):
+                needed = memory_needed(sizes)
+                raise RangeIgnored(refusal(pin.size, "--cache-size", self._cache_size, needed, ", or --cache-dir DIR"))
+            store = MemoryStore(cache, self._lock, pin.key, pin.size)
+        whole = WholeFile(pin.key, pin.size, store)
+        with self._lock:
+            self._wholes[pin.key] = whole
+        message = f"{pin.key}: {notice(pin.size, self.disk_cache.folder if self.disk_cache else None)}"
+        if at_mount:
+            self.warnings.append(message)
+        else:
+            log.warning("%s", message)
+        return whole
+
+    def _whole_piece(
+        self, pin: _Pin, whole: WholeFile, block: int, start: int, end: int, deadline: float
+    ) -> tuple[Slot, int, int] | bytes:
+        """Bytes of a file read whole from ``start`` (up to ``end``, in ``block``) once they have arrived (the GET
+        started if none runs): from its slot (used: release it), or read from its file in the disk cache."""
+        if whole.arrived <= start:
+            if whole.begin():
+                threading.Thread(target=self._get_whole, args=(pin, whole), name="stfs-whole", daemon=True).start()
+            whole.wait(start, deadline, self.timeout)
+        if isinstance(whole.store, DiskStore):
+            return whole.store.read(start, min(end, whole.arrived))
+        with self._lock:
+            found = self._block_cache().use((pin.key, block), start)
+        if found is None:  # the slots are held for the mount: never
+            raise OSError(f"byte {start} of {pin.key} arrived but is not in the block cache")
+        return found
+
+    def _get_whole(self, pin: _Pin, whole: WholeFile) -> None:
+        """Read the whole file into its store (a thread of its own): one GET, retried as any request; after a GET
+        that broke off, another, the bytes already held skipped, for as long as bytes keep coming."""
+        error: BaseException | None = None
+        try:
+            while not whole.done:
+                before = whole.arrived
+                try:
+                    self._retrying(partial(self._get_body, pin, whole), pin, time.monotonic() + self.timeout)
+                except (SourceChanged, FileNotFoundError, RangeIgnored):
+                    raise
+                except OSError:
+                    if whole.arrived == before:  # nothing came since the last GET: the server is not answering
+                        raise
+            whole.store.finish()
+        except BaseException as exc:  # the readers waiting hear of it; the next read asks again
+            error = exc
+            log.warning("reading the whole of %s failed: %s", pin.key, _one_line(exc))
+        finally:
+            whole.ended(error)
+
+    def _get_body(self, pin: _Pin, whole: WholeFile) -> None:
+        """One GET of the whole file (``If-Match`` its ETag, or its S3 VersionId), its body from where ``whole``
+        has it on written to its store; the connection is dropped when the mount goes away."""
+        import obstore
+
+        options: Any = {}
+        if pin.version:
+            options["version"] = pin.version
+        elif pin.etag:
+            options["if_match"] = pin.etag
+        result = obstore.get(self._get_store(), self.transport.store_path(pin.key), options=options)
+        if int(result.meta["size"]) != pin.size:
+            self._changed(pin, f"its size is now {result.meta['size']}")
+        held, position = whole.arrived, 0
+        stream = result.stream(min_chunk_size=CHUNK)
+        try:
+            for chunk in stream:
+                if self._closed:
+                    raise OSError("the mount is going away")
+                data = memoryview(chunk)
+                skip = max(0, min(len(data), held - position))  # bytes a GET before this one brought
+                if skip < len(data):
+                    whole.store.write(position + skip, data[skip:])
+                    whole.wrote(len(data) - skip)
+                position += len(data)
+                with self._lock:
+                    self.bytes_fetched += len(data)
+                self._moving(len(data))
+        finally:
+            del stream, result  # closes the connection
+        if position < pin.size:
+            raise OSError(f"the connection closed after {position} of {pin.size} bytes")
 
     def _bounds(self, pin: _Pin, block: int, clip: tuple[int, int]) -> tuple[int, int]:
         """The bytes of ``block`` a fetch asks for: the block within ``clip``, never the first read's bytes."""
