@@ -236,6 +236,7 @@ class RemoteFiles:
         slots = max(4, cache_size // self.block_size)
         self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES // self.block_size, slots // 4))
         self._fetching: dict[tuple[str, int, int, int], Future] = {}
+        self._until: dict[tuple[str, int, int, int], retries.Deadline] = {}  # a fetch's: its readers' latest
         self._streams: dict[str, list[Stream]] = {}  # key -> its readers, most recent last (``streams``)
         self._lent: dict[int, list[tuple[Slot, Any]]] = {}  # pipe -> the slots whose pages it holds
         self._pool: ThreadPoolExecutor | None = None
@@ -529,7 +530,7 @@ class RemoteFiles:
                 found = cache.use(owner, start)
                 if found is not None:
                     return found
-                future = self._in_flight(pin.key, block, start)
+                future = self._in_flight(pin.key, block, start, deadline)
                 if future is None:
                     lo, hi = self._bounds(pin, block, clip) if clip is not None else (start, end)
                     if not lo <= start < hi:
@@ -660,19 +661,20 @@ class RemoteFiles:
 
     def _submit(self, pin: _Pin, block: int, lo: int, hi: int, deadline: float) -> Future | None:
         """Start fetching ``[lo, hi)`` of ``block`` into its slot, retried until ``deadline`` (that of the read it is
-        for); the lock is held. ``None``: no slot is free."""
+        for, or the latest of the reads that wait for it); the lock is held. ``None``: no slot is free."""
         fetch_key = (pin.key, block, lo, hi)
         future = self._fetching.get(fetch_key)
-        if future is None:
+        if future is not None:
+            self._until[fetch_key].extend(deadline)
+        else:
             slot = self._block_cache().acquire((pin.key, block))
             if slot is None:
                 return None
-            future = self._fetching[fetch_key] = self._executor().submit(
-                self._fetch, pin, block, lo, hi, slot, deadline
-            )
+            until = self._until[fetch_key] = retries.Deadline(deadline)
+            future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi, slot, until)
         return future
 
-    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot, deadline: float) -> None:
+    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot, deadline: retries.Deadline) -> None:
         """Fill ``[lo, hi)`` of ``block``'s slot (``_fill``); what came from the server goes on to the disk cache
         after the readers waiting for it have it (``_keep``), the slot held for it meanwhile."""
         cache = self._block_cache()
@@ -689,8 +691,11 @@ class RemoteFiles:
             with self._lock:
                 cache.release(slot)
                 self._fetching.pop((pin.key, block, lo, hi), None)
+                self._until.pop((pin.key, block, lo, hi), None)
 
-    def _fill(self, pin: _Pin, lo: int, into: memoryview, deadline: float | None = None) -> list[tuple[int, int]]:
+    def _fill(
+        self, pin: _Pin, lo: int, into: memoryview, deadline: float | retries.Deadline | None = None
+    ) -> list[tuple[int, int]]:
         """Fill ``into`` with the pinned version's bytes from ``lo``: what the disk cache holds of them from there,
         the gaps from the server (gaps closer than ``BRIDGE`` as one request), until ``deadline`` (a read's, else
         ``--timeout`` from now); the ranges fetched."""
@@ -782,10 +787,11 @@ class RemoteFiles:
             raise OSError(f"asked for bytes {lo}-{hi}, got {len(data)}")
         return data
 
-    def _retrying(self, call: Callable[[], T], pin: _Pin | None, deadline: float) -> T:
-        """``call()`` again after resets, timeouts, 5xx and 429, with backoff, until ``deadline``; a changed or
-        vanished object (412, 404 of a pinned one) marks ``pin`` changed and fails at once. A refused connection to
-        this machine is asked again for ``REFUSED_NEARBY`` seconds only: nothing will listen there soon."""
+    def _retrying(self, call: Callable[[], T], pin: _Pin | None, until: float | retries.Deadline) -> T:
+        """``call()`` again after resets, timeouts, 5xx and 429, with backoff, until ``until`` (a time, or a fetch's
+        ``Deadline``, which reads that join it move on); a changed or vanished object (412, 404 of a pinned one) marks
+        ``pin`` changed and fails at once. A refused connection to this machine is asked again for ``REFUSED_NEARBY``
+        seconds only: nothing will listen there soon."""
         waits = retries.delays()
         delay = next(waits)
         started = time.monotonic()
@@ -808,6 +814,7 @@ class RemoteFiles:
                     raise RangeIgnored("the server no longer answers Range requests (it sent the whole file)") from exc
                 if kind == UNREACHABLE and pin is None:  # first contact: nothing says a server was ever there
                     raise OSError(_one_line(exc)) from exc
+                deadline = until.at if isinstance(until, retries.Deadline) else until  # moved on by a read joining
                 if kind == UNREACHABLE and self._nearby and refused(exc):
                     deadline = min(deadline, started + retries.REFUSED_NEARBY)
                     if time.monotonic() + delay >= deadline:
@@ -927,11 +934,14 @@ class RemoteFiles:
         """The end of the held range holding ``position``."""
         return max((b for a, b in self._held(key, block) if a <= position < b), default=position + 1)
 
-    def _in_flight(self, key: str, block: int, position: int) -> Future | None:
-        """The fetch under way that will fill ``position`` of ``block``, if any; the lock is held."""
-        return next(
-            (f for (k, b, lo, hi), f in self._fetching.items() if k == key and b == block and lo <= position < hi), None
-        )
+    def _in_flight(self, key: str, block: int, position: int, deadline: float) -> Future | None:
+        """The fetch under way that will fill ``position`` of ``block``, if any, its retries now going on until
+        ``deadline`` (the read's that waits for it) at least; the lock is held."""
+        for fetch_key, future in self._fetching.items():
+            if fetch_key[0] == key and fetch_key[1] == block and fetch_key[2] <= position < fetch_key[3]:
+                self._until[fetch_key].extend(deadline)
+                return future
+        return None
 
     def _give_back(self, pipe: int) -> None:
         """The slots lent to ``pipe`` for its last reply, returned once the pipe is empty: a pipe serves one thread,

@@ -35,6 +35,19 @@ def attempts_within(seconds: float) -> int:
     raise AssertionError("unreachable")
 
 
+class Deadline:
+    """When a fetch gives up: the latest deadline of the reads waiting for it (a read that joins it moves it on, so
+    that no read is failed by a deadline other than its own)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def extend(self, at: float) -> None:
+        self.at = max(self.at, at)
+
+
 def is_loopback(url: str | None) -> bool:
     """Whether ``url``'s host is this machine (``localhost``, 127.0.0.0/8, ``[::1]``)."""
     if not url:
