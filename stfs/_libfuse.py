@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import mfusepy
 
 from . import errors, stopping
+from .failed_reads import FailedReads
 from .nodes import Decoded, DirNode, FileNode, Gathered, Node, Range, ShardData, clamp, pieces
 from .readahead import Readahead
 from .sources import PAGE, ByteSource, SpliceSource
@@ -84,6 +85,7 @@ class StfsOperations(Protocol):
     source: ByteSource
     served: bool
     readahead: Readahead
+    failed_reads: FailedReads
 
     def node(self, path: str) -> Node: ...
     def file(self, path: str | None, fh: int) -> FileNode: ...
@@ -145,6 +147,14 @@ class StfsFUSE(mfusepy.FUSE):
         super().destroy(private_data)
 
 
+def caller_pid() -> int:
+    """The process whose request this libfuse thread serves (0 outside a request)."""
+    try:
+        return int(mfusepy.fuse_get_context()[2])
+    except ValueError:  # no context (a NULL pointer): not a thread serving a request
+        return 0
+
+
 def _session_exited() -> Callable[[], bool]:
     """The check of the mark libfuse's SIGTERM/SIGINT handlers set on this mount's session (called in INIT, a
     thread of the session's, where ``fuse_get_context`` knows it)."""
@@ -173,12 +183,19 @@ class Reader:
 
     def answer(self, path: bytes | None, fh: int, size: int, offset: int) -> list[Piece] | int:
         """The reply to a read: its pieces, or a negative errno (an unexpected failure is EIO and a log line)."""
+        failed = self.operations.failed_reads
+        file = fh or path
+        if failed and failed.asked_again(file, offset):
+            return -errno.EIO  # the kernel asking again for a read that just failed: one --timeout per read
         try:
             return self.pieces(path, fh, size, offset)
         except FuseOSError as exc:
+            if exc.errno == errno.EIO:
+                failed.add(file, offset, size)
             return -exc.errno
         except Exception:
             log.exception("read of %r at %d failed unexpectedly", path, offset)
+            failed.add(file, offset, size)
             return -errno.EIO
 
     def pieces(self, path: bytes | None, fh: int, size: int, offset: int) -> list[Piece]:

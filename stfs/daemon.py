@@ -105,7 +105,7 @@ def plan_mount(
         tree=tree,
         files=source,
         options=merged,
-        warnings=[warning for model in models for warning in model.warnings],
+        warnings=[*(warning for model in models for warning in model.warnings), *source.warnings],
     )
 
 

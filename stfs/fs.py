@@ -16,7 +16,8 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-from ._libfuse import ENOATTR, FuseOSError, Operations
+from ._libfuse import ENOATTR, FuseOSError, Operations, caller_pid
+from .failed_reads import FailedReads
 from .nodes import DIR_MODE, FILE_MODE, DirNode, FileNode, Node, clamp, file_mode, read_into, tensor_xattrs
 from .readahead import Readahead
 from .sources import PAGE, ByteSource, SourceChanged
@@ -81,6 +82,7 @@ class StfsOperations(Operations):
         self.served = False  # set once the kernel has connected
         self.readahead = Readahead()  # tuned by the daemon once the mount answers
         self._failed_sources: set[str] = set()
+        self.failed_reads = FailedReads(caller_pid)  # so that the kernel's second ask for a failed read fails at once
 
     def init(self, path: str) -> None:
         self.served = True
@@ -185,8 +187,15 @@ class StfsOperations(Operations):
     @eio_on_surprise
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         node = self.file(path, fh)
+        if self.failed_reads and self.failed_reads.asked_again(node.inode, offset):
+            raise FuseOSError(errno.EIO)  # the kernel asking again for a read that just failed
         buffer = bytearray(clamp(node, offset, size))
-        count = self.fill(node, memoryview(buffer), offset)
+        try:
+            count = self.fill(node, memoryview(buffer), offset)
+        except FuseOSError as exc:
+            if exc.errno == errno.EIO:
+                self.failed_reads.add(node.inode, offset, size)
+            raise
         return bytes(buffer) if count == len(buffer) else bytes(buffer[:count])
 
     @eio_on_surprise

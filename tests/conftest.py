@@ -19,7 +19,18 @@ from stfs import errors  # first: import stfs names libfuse3 for mfusepy, which 
 from stfs.daemon import mounted, unescape_mountinfo, unmount
 from tests.helpers import IN_CI, MountFn, need_fuse
 from tests.registry import BlobRedirector, Registry, TokenIssuer, write_registry_auth_file
-from tests.servers import S3, S3_ENV, FakeHub, FaultProxy, MotoServer, Nginx, TlsFiles, find_tool, make_tls
+from tests.servers import (
+    S3,
+    S3_ENV,
+    FakeHub,
+    FaultProxy,
+    MotoServer,
+    Nginx,
+    StdlibHttpServer,
+    TlsFiles,
+    find_tool,
+    make_tls,
+)
 
 
 def stfs_mounts() -> set[str]:
@@ -106,6 +117,21 @@ def nginx(
             # SSL_CERT_FILE for OpenSSL, rustls-native-certs and Python; requests and curl read their own.
             for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
                 monkeypatch.setenv(name, str(tls_files.bundle))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def http_server(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[StdlibHttpServer]:
+    """``python3 -m http.server`` serving ``http_server.root`` at ``http_server.url`` (it ignores Range); stopped by
+    its PID at teardown."""
+    server = StdlibHttpServer(tmp_path_factory.mktemp("http-server") / "root")
+    try:
+        server.start()
+        _local_only(monkeypatch)
         yield server
     finally:
         server.stop()

@@ -815,6 +815,64 @@ def _listing(files: list[dict[str, Any]], folder: str, recursive: bool) -> list[
 # --- moto (S3) --------------------------------------------------------------------------------------------
 
 
+class StdlibHttpServer:
+    """``python3 -m http.server --bind 127.0.0.1`` on a free port, serving ``root``: the server everyone starts
+    first, which ignores Range (every GET is answered 200 with the whole file) and sends no ETag. ``gets()``: the
+    GETs it logged so far, as (path, status)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = 0
+        self._process: subprocess.Popen | None = None
+        self._output = root.parent / f"{root.name}-http-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / ".probe").write_bytes(b"ok")
+        for attempt in range(3):
+            self.port = free_port()
+            with open(self._output, "wb") as output:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "http.server", "--bind", LOCALHOST, "--directory", str(self.root)]
+                    + [str(self.port)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                    start_new_session=True,
+                )
+            try:
+                wait_until(self._serving, START_TIMEOUT, "python3 -m http.server", step=0.05)
+                return
+            except (TimeoutError, RuntimeError):
+                text = self._output.read_text(errors="replace")
+                self.stop()
+                if "Address already in use" not in text or attempt == 2:
+                    raise RuntimeError(f"python3 -m http.server did not start: {text[-2000:]}") from None
+
+    def stop(self) -> None:
+        """Stop the server, by its PID."""
+        if self._process is not None:
+            _stop_process(self._process)
+            self._process = None
+
+    def gets(self) -> list[tuple[str, int]]:
+        """The GETs logged so far (but the start's probe): (path, status), in order."""
+        found = []
+        for match in re.finditer(r'"GET (\S+) HTTP/[\d.]+" (\d{3})', self._output.read_text(errors="replace")):
+            if match[1] != "/.probe":
+                found.append((match[1], int(match[2])))
+        return found
+
+    def _serving(self) -> bool:
+        answer = _probe(self._process, "python3 -m http.server", f"{self.url}/.probe")
+        return answer is not None and answer[0] == 200
+
+
 class MotoServer:
     """``python -m moto.server`` on 127.0.0.1 and a free port, in a process of its own."""
 

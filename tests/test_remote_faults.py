@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from stfs.daemon import daemon_pid, is_dead_mount
+from stfs.sources.retries import attempts_within
 from tests.helpers import MountFn, changed, read_cold, run, tensor_path
 from tests.models import tensor_bytes, write_numpy, write_sharded
 from tests.remote_helpers import MIB, wait_for, walk
@@ -163,6 +164,29 @@ def test_a_server_that_keeps_failing_gives_eio_then_the_mount_recovers(proxied: 
     proxy.clear_faults()
     for name, data in tensors.items():
         assert read_cold(tensor_path(mnt, name)) == data
+
+
+def test_a_read_of_a_failing_server_waits_out_one_timeout_not_two(proxied: tuple, mount: MountFn) -> None:
+    """One deadline per read, from when it began: the kernel asks again for the first page of a read that failed
+    (its readahead failed, it reads the page itself), and that second ask is the same read. Counted as the requests
+    the server saw: no more than one run of retries, within --timeout, can make (a slow machine makes fewer)."""
+    proxy, url, _ = proxied
+    mnt = mount(url, options=["timeout=4"])
+    proxy.fail_next(1_000_000, status=503)
+    failed = read_in_thread(tensor_path(mnt, "layers.1.weight"))  # one block: no fetch ahead beside the read's
+    assert isinstance(failed, OSError) and failed.errno == errno.EIO
+    assert 1 < proxy.stats().failed <= attempts_within(4.0)
+
+
+def test_a_killed_server_on_this_machine_fails_a_read_fast(proxied: tuple, mount: MountFn) -> None:
+    """Connection refused on a loopback host: nothing will listen there soon, so a read fails after a couple of
+    quick retries rather than retrying for --timeout (60 s here; the read would still hang when waited for)."""
+    proxy, url, _ = proxied
+    mnt = mount(url, options=["timeout=60"])
+    proxy.stop()  # the server killed: its port refuses connections
+    failed = read_in_thread(tensor_path(mnt, "layers.1.weight"), deadline=20)
+    assert isinstance(failed, OSError) and failed.errno == errno.EIO
+    assert os.path.ismount(mnt) and daemon_pid(mnt)
 
 
 def test_unmount_is_not_held_up_by_a_wedged_fetch(proxied: tuple, tmp_path: Path) -> None:

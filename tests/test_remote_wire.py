@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from stfs.sources.remote import FIRST_READ
-from tests.helpers import run
-from tests.models import write_numpy, write_sharded
-from tests.remote_helpers import MIB, big_header_model, wait_for, zero_model
+from tests.helpers import read_cold, run, tensor_path
+from tests.models import tensor_bytes, write_numpy, write_sharded
+from tests.remote_helpers import MIB, big_header_model, big_model, wait_for, zero_model
 from tests.servers import FaultProxy, Nginx
 
 pytestmark = pytest.mark.timeout(120)
@@ -152,21 +152,44 @@ def test_a_big_header_from_a_server_that_ignores_range(
     assert report["models"][0]["metadata"]["pad"] == "x" * 3 * FIRST_READ
 
 
-def test_mount_refuses_a_server_that_ignores_range_with_one_line(
+def test_mount_reads_each_file_whole_once_from_a_server_that_ignores_range(
     nginx: Nginx, fault_proxy: Callable[[str], FaultProxy], tmp_path: Path
 ) -> None:
-    local = one_tensor(tmp_path / "x.safetensors", 4 * MIB)
+    """One GET of the whole file, front to back, into the cache: a read waits only for its own bytes (the first
+    tensor comes while the rest still streams, at 4 MB/s here), and with --cache-dir the next mount reads it from
+    disk (nginx names a version: its ETag)."""
+    local = big_model(tmp_path / "x.safetensors", tensors=4, tensor_bytes=3 * MIB)
     nginx.put("x.safetensors", local.read_bytes())
+    size = local.stat().st_size
     proxy = fault_proxy(nginx.url)
     proxy.set_ignore_range(True)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    for foreground in ([], ["-f"]):
-        result = stfs("mount", f"{proxy.url}/x.safetensors", str(mnt), *foreground)
-        assert result.returncode == 1
-        [line] = result.stderr.strip().splitlines()
-        assert line.startswith("stfs: ") and "ignores Range requests" in line and "stfs info" in line
-        assert not os.path.ismount(mnt)
+    url = f"{proxy.url}/x.safetensors"
+    cache = tmp_path / "cache"
+    for mount_number in (1, 2):
+        mnt = tmp_path / f"mnt{mount_number}"
+        mnt.mkdir()
+        proxy.set_rate(4_000_000 if mount_number == 1 else 0)
+        result = stfs("mount", url, str(mnt), "--cache-dir", str(cache), "--log-file", str(tmp_path / "log"))
+        try:
+            assert result.returncode == 0, result.stderr
+            [line] = result.stderr.strip().splitlines()
+            assert line == (
+                f"stfs: warning: {url}: the server ignores Range requests; reading the whole file "
+                f"({size / MIB:.1f} MiB) into the cache once, in {cache}"
+            )
+            before = proxy.stats()
+            first = read_cold(tensor_path(str(mnt), "layers.0.weight"))
+            assert first == tensor_bytes(str(local), "layers.0.weight")
+            if mount_number == 1:
+                assert proxy.stats().body_bytes - before.body_bytes < size  # the rest was still on its way
+            for name in (f"layers.{i}.weight" for i in range(4)):
+                assert read_cold(tensor_path(str(mnt), name)) == tensor_bytes(str(local), name), name
+            assert read_cold(os.path.join(mnt, "files", "x.safetensors")) == local.read_bytes()
+            whole = [r for r in proxy.requests() if r.number > before.requests and r.body_bytes == size]
+            assert len(whole) == (1 if mount_number == 1 else 0)  # the second mount reads it from disk
+        finally:
+            if os.path.ismount(mnt):
+                stfs("unmount", str(mnt))
 
 
 # --- the progress line ------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import posixpath
 import re
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, runtime_checkable
@@ -84,6 +85,12 @@ class ByteSource(Protocol):
     first_read: int  # bytes a header's first read asks for: 8 locally, ~100 KB where a request is costly
     remote: bool  # bytes come over a network: what the kernel reads around a jump is fetched (readahead.py)
     concurrency: int  # headers read at once: 1 locally, many where each read waits on a network
+
+    @property
+    def warnings(self) -> Sequence[str]:
+        """What a mount of this source should say on stderr besides its models' warnings (a remote file read whole,
+        its server ignoring Range), gathered while its files were pinned."""
+        ...
 
     def kind(self, key: str) -> Kind | None:
         """What ``key`` names, or ``None`` if nothing."""

@@ -129,20 +129,73 @@ class DiskCache:
                 if _covers(self._listing(os.path.dirname(path)), lo, hi):
                     return
                 self._write(temporary, data)
-                with self._usage() as usage:
-                    total = usage.read()
-                    if os.path.exists(path):  # another daemon kept it meanwhile
-                        return
-                    if total + len(data) > self.max_bytes:
-                        total = self._evict(self.max_bytes - len(data))
-                    os.replace(temporary, path)
-                    usage.write(total + len(data))
+                self._place(temporary, path, len(data))
             except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    self.full = True
-                    log.warning("%s is full: fetched blocks are kept in memory only from now on (%s)", self.folder, exc)
-                else:
-                    log.warning("cannot keep a piece of %s in %s: %s", key, self.folder, exc)
+                self._failed(key, exc)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+
+    def _place(self, temporary: str, path: str, size: int) -> None:
+        """Rename the written ``temporary`` piece to ``path``, counted in the usage, room made for it first."""
+        with self._usage() as usage:
+            total = usage.read()
+            if os.path.exists(path):  # another daemon kept it meanwhile
+                return
+            if total + size > self.max_bytes:
+                total = self._evict(self.max_bytes - size)
+            os.replace(temporary, path)
+            usage.write(total + size)
+
+    def _failed(self, key: str, exc: OSError) -> None:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.full = True
+            log.warning("%s is full: fetched blocks are kept in memory only from now on (%s)", self.folder, exc)
+        else:
+            log.warning("cannot keep a piece of %s in %s: %s", key, self.folder, exc)
+
+    def open_piece(self, key: str, version: str, lo: int, hi: int) -> int | None:
+        """A descriptor (read-only) of the kept piece ``[lo, hi)`` of ``key`` at ``version``, made the most recently
+        used; ``None`` if DIR holds no such piece."""
+        if not version:
+            return None
+        try:
+            fd = os.open(self._path(key, version, lo, hi), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        if os.fstat(fd).st_size != hi - lo:
+            os.close(fd)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(fd)
+        return fd
+
+    def begin_piece(self, key: str, version: str, lo: int, hi: int) -> tuple[int, str]:
+        """A new temporary piece ``[lo, hi)`` of ``key`` at ``version`` to write in place (and read as it is written):
+        its descriptor and its name, to give ``keep_piece`` once written; without a version, a file with no name in
+        DIR, gone when closed (a piece could be of any version: never kept), and name ``""``."""
+        if not version:
+            try:
+                return os.open(self.folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600), ""
+            except OSError:  # a filesystem without O_TMPFILE: a name, unlinked at once
+                temporary = os.path.join(self.folder, f".{os.getpid()}.{threading.get_ident()}.{time.time_ns()}.tmp")
+                fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                os.unlink(temporary)
+                return fd, ""
+        path = self._path(key, version, lo, hi)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        return os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), temporary
+
+    def keep_piece(self, key: str, version: str, lo: int, hi: int, temporary: str) -> None:
+        """Keep the ``temporary`` piece from ``begin_piece``, written, as ``[lo, hi)`` (room made for it, counted);
+        failures are logged, never raised."""
+        path = self._path(key, version, lo, hi)
+        with self._writing:
+            try:
+                self._place(temporary, path, hi - lo)
+            except OSError as exc:
+                self._failed(key, exc)
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(temporary)

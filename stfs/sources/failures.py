@@ -84,6 +84,14 @@ def describe(exc: BaseException) -> Failure:
     return Failure(RETRY, first_line(exc))
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is a refused connection (nothing listens at that address and port)."""
+    chain = list(_chain(exc))
+    return any(isinstance(link, ConnectionRefusedError) for link in chain) or any(
+        _REFUSED.search(str(link)) for link in chain
+    )
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message (obstore's run to a page of debug text), at most 300 characters."""
     lines = str(exc).strip().splitlines()

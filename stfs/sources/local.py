@@ -134,6 +134,7 @@ class LocalFiles:
     first_read = 8
     remote = False
     concurrency = 1
+    warnings: tuple[str, ...] = ()
 
     def __init__(self, max_open: int | None = None, drop_behind: bool = True, threaded: bool = True) -> None:
         self.max_open = descriptor_budget() if max_open is None else max_open

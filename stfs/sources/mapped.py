@@ -10,7 +10,7 @@ blob's descriptor (local), or from the block cache its source shares (remote).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .base import ByteSource, FileInfo, Kind, SharedBlocks, join_key
@@ -116,6 +116,10 @@ class MappedFiles:
 
     def listed_sha256(self, key: str) -> str | None:
         return self._piece(key).sha256
+
+    @property
+    def warnings(self) -> Sequence[str]:
+        return self.below.warnings
 
     def close(self) -> None:
         self.below.close()

@@ -47,11 +47,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import stopping
+from . import retries
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SharedBlocks, SourceChanged
 from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache, gaps
-from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line
+from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line, refused
 from .streams import BACKWARD_SLACK, FIRST_WINDOW, Stream, fetch_ahead, follow
+from .whole import CHUNK, DiskStore, MemoryStore, WholeFile, fits_in_memory, memory_needed, notice, refusal
 
 if TYPE_CHECKING:
     from .http_client import HttpClient, ResolvingClient, SignedClient
@@ -72,6 +74,14 @@ T = TypeVar("T")
 
 
 Part = bytes | tuple[Slot, int, int]  # bytes of the first read, or (a used slot, where in the memfd, how many)
+
+
+class DeadlineSpent(OSError):
+    """A request retried until its ``deadline`` and given up: a read with a later deadline may ask again."""
+
+    def __init__(self, message: str, deadline: float) -> None:
+        super().__init__(message)
+        self.deadline = deadline
 
 
 class RangeIgnored(OSError):
@@ -193,9 +203,10 @@ class _Pin:
 class RemoteFiles:
     """A ``ByteSource`` over one remote store (see the module docstring).
 
-    ``ranges_required``: a server that ignores Range (answers 200 with the whole object) is refused with
-    ``RangeIgnored`` (a mount, whose every read would stream the object from its start); without it (``stfs info``,
-    ``stfs check``) the bytes needed are streamed from the start of the body and the connection dropped after them.
+    ``ranges_required`` (a mount): a file whose server ignores Range (answers 200 with the whole object) is read
+    whole, once, into the cache (``stfs.sources.whole``; ``warnings`` says so), or refused with ``RangeIgnored``
+    where it cannot fit; without it (``stfs info``, ``stfs check``) the bytes needed are streamed from the start of
+    the body and the connection dropped after them.
     ``prefault`` (a mount): the block cache is made at once and the slots a sequential reader cycles through are
     faulted in, in the background (``SlotCache.populate``), so its first reads pay no fresh pages.
     """
@@ -230,6 +241,7 @@ class RemoteFiles:
         slots = max(4, cache_size // self.block_size)
         self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW_BYTES // self.block_size, slots // 4))
         self._fetching: dict[tuple[str, int, int, int], Future] = {}
+        self._until: dict[tuple[str, int, int, int], retries.Deadline] = {}  # a fetch's: its readers' latest
         self._streams: dict[str, list[Stream]] = {}  # key -> its readers, most recent last (``streams``)
         self._lent: dict[int, list[tuple[Slot, Any]]] = {}  # pipe -> the slots whose pages it holds
         self._pool: ThreadPoolExecutor | None = None
@@ -242,6 +254,9 @@ class RemoteFiles:
         self._arrived = 0  # pieces of bodies arrived: how a waiting reader sees a slow link move
         self._get_rate = float("inf")  # bytes/s one obstore GET brought last: sizes the next (_get_pieces)
         self.ignores_range = False
+        self._wholes: dict[str, WholeFile] = {}  # files of a server that ignores Range, read whole (a mount)
+        self.warnings: list[str] = []  # for the mount to show: the files it reads whole
+        self._nearby = retries.is_loopback(getattr(transport, "endpoint", None) or transport.base)  # this machine
         if prefault:  # a mount: the transport prepared and the first slots faulted in while headers are read
             threading.Thread(target=self._prefault, name="stfs-prefault", daemon=True).start()
 
@@ -392,6 +407,8 @@ class RemoteFiles:
             pin = self._pins.get(key)
             if pin is None:
                 pin = self._from_listing(key) or self._probe(key)
+                if self.ranges_required and self.ignores_range and pin.size > len(pin.head):
+                    self._read_whole(pin, at_mount=True)
                 with self._lock:
                     self._pins[key] = pin
             return pin
@@ -445,13 +462,9 @@ class RemoteFiles:
         meta = result.meta
         if int(meta["size"]) == 0:
             return meta, b""
-        if self.ranges_required:
-            raise RangeIgnored(
-                "the server ignores Range requests (it answered 200 with the whole file): stfs mount needs them; "
-                "stfs info and stfs check work"
-            )
         if not self.ignores_range:
-            log.warning("the server of %s ignores Range requests: reading from the start of each file", path)
+            if not self.ranges_required:  # a mount reads each file whole, and says so (``_read_whole``)
+                log.warning("the server of %s ignores Range requests: reading from the start of each file", path)
             self.ignores_range = True
         received = bytearray()
         stream = result.stream(min_chunk_size=64 * 1024)
@@ -481,7 +494,8 @@ class RemoteFiles:
             return
         deadline = time.monotonic() + self.timeout
         cache = self._block_cache()
-        clip = self._read_ahead(pin, offset, count, low, high)
+        whole = self._whole(pin)
+        clip = None if whole is not None else self._read_ahead(pin, offset, count, low, high, deadline)
         end = offset + count
         position = offset
         while position < end:
@@ -491,7 +505,11 @@ class RemoteFiles:
                 position = take
                 continue
             block = position // self.block_size
-            piece = self._piece(pin, block, position, min(end, (block + 1) * self.block_size), clip, deadline)
+            stop = min(end, (block + 1) * self.block_size)
+            if whole is not None:
+                piece = self._whole_piece(pin, whole, block, position, stop, deadline)
+            else:
+                piece = self._piece(pin, block, position, stop, clip, deadline)
             if isinstance(piece, bytes):
                 yield piece
                 position += len(piece)
@@ -517,42 +535,157 @@ class RemoteFiles:
                 found = cache.use(owner, start)
                 if found is not None:
                     return found
-                future = self._in_flight(pin.key, block, start)
+                future = self._in_flight(pin.key, block, start, deadline)
                 if future is None:
                     lo, hi = self._bounds(pin, block, clip) if clip is not None else (start, end)
                     if not lo <= start < hi:
                         lo, hi = start, end
                     lo, hi = self._gap(pin.key, block, lo, hi, start)
-                    future = self._submit(pin, block, lo, hi)
+                    future = self._submit(pin, block, lo, hi, deadline)
             if future is None:
                 into = memoryview(bytearray(end - start))
-                self._fill(pin, start, into)
+                self._fill(pin, start, into, deadline)
                 return bytes(into)
             self._wait(future, deadline)  # then look again: a fetch ends with its range filled
+
+    # -- files read whole (a server that ignores Range) ------------------------------------------------------------
+
+    def _whole(self, pin: _Pin) -> WholeFile | None:
+        """The store of ``pin``'s file if a mount reads it whole (its server ignores Range), else ``None``."""
+        whole = self._wholes.get(pin.key)
+        if whole is None and self.ranges_required and self.ignores_range and pin.size > len(pin.head):
+            whole = self._read_whole(pin, at_mount=False)  # pinned from a listing, then found to ignore Range
+        return whole
+
+    def _read_whole(self, pin: _Pin, at_mount: bool) -> WholeFile:
+        """Make the store of a file read whole: in the disk cache given one, else in the block cache's slots held for
+        the mount; ``RangeIgnored`` in one line naming the option that would make it fit where it does not. The
+        warning goes to ``warnings`` at mount, else to the log."""
+        with self._lock:
+            known = self._wholes.get(pin.key)
+            sizes = [whole.size for whole in self._wholes.values()] + [pin.size]
+        if known is not None:
+            return known
+        store: MemoryStore | DiskStore
+        if self.disk_cache is not None:
+            limit = self.disk_cache.max_bytes
+            if sum(sizes) > limit:
+                raise RangeIgnored(refusal(pin.size, "--cache-dir-size", limit, sum(sizes)))
+            store = DiskStore(self.disk_cache, pin.key, pin.tag, pin.size)
+        else:
+            cache = self._block_cache()
+            if not fits_in_memory(sizes, cache):
+                needed = memory_needed(sizes)
+                raise RangeIgnored(refusal(pin.size, "--cache-size", self._cache_size, needed, ", or --cache-dir DIR"))
+            store = MemoryStore(cache, self._lock, pin.key, pin.size)
+        whole = WholeFile(pin.key, pin.size, store)
+        with self._lock:
+            self._wholes[pin.key] = whole
+        message = f"{pin.key}: {notice(pin.size, self.disk_cache.folder if self.disk_cache else None)}"
+        if at_mount:
+            self.warnings.append(message)
+        else:
+            log.warning("%s", message)
+        return whole
+
+    def _whole_piece(
+        self, pin: _Pin, whole: WholeFile, block: int, start: int, end: int, deadline: float
+    ) -> tuple[Slot, int, int] | bytes:
+        """Bytes of a file read whole from ``start`` (up to ``end``, in ``block``) once they have arrived (the GET
+        started if none runs): from its slot (used: release it), or read from its file in the disk cache."""
+        if whole.arrived <= start:
+            if whole.begin():
+                threading.Thread(target=self._get_whole, args=(pin, whole), name="stfs-whole", daemon=True).start()
+            whole.wait(start, deadline, self.timeout)
+        if isinstance(whole.store, DiskStore):
+            return whole.store.read(start, min(end, whole.arrived))
+        with self._lock:
+            found = self._block_cache().use((pin.key, block), start)
+        if found is None:  # the slots are held for the mount: never
+            raise OSError(f"byte {start} of {pin.key} arrived but is not in the block cache")
+        return found
+
+    def _get_whole(self, pin: _Pin, whole: WholeFile) -> None:
+        """Read the whole file into its store (a thread of its own): one GET, retried as any request; after a GET
+        that broke off, another, the bytes already held skipped, for as long as bytes keep coming."""
+        error: BaseException | None = None
+        try:
+            while not whole.done:
+                before = whole.arrived
+                try:
+                    self._retrying(partial(self._get_body, pin, whole), pin, time.monotonic() + self.timeout)
+                except (SourceChanged, FileNotFoundError, RangeIgnored):
+                    raise
+                except OSError:
+                    if whole.arrived == before:  # nothing came since the last GET: the server is not answering
+                        raise
+            whole.store.finish()
+        except BaseException as exc:  # the readers waiting hear of it; the next read asks again
+            error = exc
+            log.warning("reading the whole of %s failed: %s", pin.key, _one_line(exc))
+        finally:
+            whole.ended(error)
+
+    def _get_body(self, pin: _Pin, whole: WholeFile) -> None:
+        """One GET of the whole file (``If-Match`` its ETag, or its S3 VersionId), its body from where ``whole``
+        has it on written to its store; the connection is dropped when the mount goes away."""
+        import obstore
+
+        options: Any = {}
+        if pin.version:
+            options["version"] = pin.version
+        elif pin.etag:
+            options["if_match"] = pin.etag
+        result = obstore.get(self._get_store(), self.transport.store_path(pin.key), options=options)
+        if int(result.meta["size"]) != pin.size:
+            self._changed(pin, f"its size is now {result.meta['size']}")
+        held, position = whole.arrived, 0
+        stream = result.stream(min_chunk_size=CHUNK)
+        try:
+            for chunk in stream:
+                if self._closed:
+                    raise OSError("the mount is going away")
+                data = memoryview(chunk)
+                skip = max(0, min(len(data), held - position))  # bytes a GET before this one brought
+                if skip < len(data):
+                    whole.store.write(position + skip, data[skip:])
+                    whole.wrote(len(data) - skip)
+                position += len(data)
+                with self._lock:
+                    self.bytes_fetched += len(data)
+                self._moving(len(data))
+        finally:
+            del stream, result  # closes the connection
+        if position < pin.size:
+            raise OSError(f"the connection closed after {position} of {pin.size} bytes")
 
     def _bounds(self, pin: _Pin, block: int, clip: tuple[int, int]) -> tuple[int, int]:
         """The bytes of ``block`` a fetch asks for: the block within ``clip``, never the first read's bytes."""
         lo = max(block * self.block_size, clip[0], len(pin.head))
         return lo, min((block + 1) * self.block_size, clip[1], pin.size)
 
-    def _submit(self, pin: _Pin, block: int, lo: int, hi: int) -> Future | None:
-        """Start fetching ``[lo, hi)`` of ``block`` into its slot; the lock is held. ``None``: no slot is free."""
+    def _submit(self, pin: _Pin, block: int, lo: int, hi: int, deadline: float) -> Future | None:
+        """Start fetching ``[lo, hi)`` of ``block`` into its slot, retried until ``deadline`` (that of the read it is
+        for, or the latest of the reads that wait for it); the lock is held. ``None``: no slot is free."""
         fetch_key = (pin.key, block, lo, hi)
         future = self._fetching.get(fetch_key)
-        if future is None:
+        if future is not None:
+            self._until[fetch_key].extend(deadline)
+        else:
             slot = self._block_cache().acquire((pin.key, block))
             if slot is None:
                 return None
-            future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi, slot)
+            until = self._until[fetch_key] = retries.Deadline(deadline)
+            future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi, slot, until)
         return future
 
-    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot) -> None:
+    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot, deadline: retries.Deadline) -> None:
         """Fill ``[lo, hi)`` of ``block``'s slot (``_fill``); what came from the server goes on to the disk cache
         after the readers waiting for it have it (``_keep``), the slot held for it meanwhile."""
         cache = self._block_cache()
         try:
             start = cache.offset(slot, block, lo)
-            fetched = self._fill(pin, lo, cache.view[start : start + hi - lo])
+            fetched = self._fill(pin, lo, cache.view[start : start + hi - lo], deadline)
             with self._lock:
                 cache.filled(slot, lo, hi)
                 if fetched and self.disk_cache is not None and not self._closed:
@@ -563,13 +696,17 @@ class RemoteFiles:
             with self._lock:
                 cache.release(slot)
                 self._fetching.pop((pin.key, block, lo, hi), None)
+                self._until.pop((pin.key, block, lo, hi), None)
 
-    def _fill(self, pin: _Pin, lo: int, into: memoryview) -> list[tuple[int, int]]:
+    def _fill(
+        self, pin: _Pin, lo: int, into: memoryview, deadline: float | retries.Deadline | None = None
+    ) -> list[tuple[int, int]]:
         """Fill ``into`` with the pinned version's bytes from ``lo``: what the disk cache holds of them from there,
-        the gaps from the server (gaps closer than ``BRIDGE`` as one request); the ranges fetched."""
+        the gaps from the server (gaps closer than ``BRIDGE`` as one request), until ``deadline`` (a read's, else
+        ``--timeout`` from now); the ranges fetched."""
         kept = self.disk_cache.read_into(pin.key, pin.tag, lo, into) if self.disk_cache is not None else []
         missing = gaps(lo, lo + len(into), kept, BRIDGE)
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.timeout if deadline is None else deadline
         for a, b in missing:
             self._retrying(partial(self._get_into, pin, a, into[a - lo : b - lo]), pin, deadline)
         return missing
@@ -656,11 +793,17 @@ class RemoteFiles:
             raise OSError(f"asked for bytes {lo}-{hi}, got {len(data)}")
         return data
 
-    def _retrying(self, call: Callable[[], T], pin: _Pin | None, deadline: float) -> T:
-        """``call()`` again after resets, timeouts, 5xx and 429, with backoff, until ``deadline``; a changed or
-        vanished object (412, 404 of a pinned one) marks ``pin`` changed and fails at once."""
-        delay = 0.05
+    def _retrying(self, call: Callable[[], T], pin: _Pin | None, until: float | retries.Deadline) -> T:
+        """``call()`` again after resets, timeouts, 5xx and 429, with backoff, until ``until`` (a time, or a fetch's
+        ``Deadline``, which reads that join it move on); a changed or vanished object (412, 404 of a pinned one) marks
+        ``pin`` changed and fails at once. A refused connection to this machine is asked again for ``REFUSED_NEARBY``
+        seconds only: nothing will listen there soon."""
+        waits = retries.delays()
+        delay = next(waits)
+        started = time.monotonic()
+        attempts = 0
         while True:
+            attempts += 1
             if self._closed:
                 raise OSError("the mount is going away")
             try:
@@ -677,16 +820,23 @@ class RemoteFiles:
                     raise RangeIgnored("the server no longer answers Range requests (it sent the whole file)") from exc
                 if kind == UNREACHABLE and pin is None:  # first contact: nothing says a server was ever there
                     raise OSError(_one_line(exc)) from exc
+                deadline = until.at if isinstance(until, retries.Deadline) else until  # moved on by a read joining
+                if kind == UNREACHABLE and self._nearby and refused(exc):
+                    deadline = min(deadline, started + retries.REFUSED_NEARBY)
+                    if time.monotonic() + delay >= deadline:
+                        elapsed = time.monotonic() - started
+                        raise OSError(f"{_one_line(exc)}, {attempts} times in {elapsed:.1f} s") from exc
                 if kind not in (RETRY, UNREACHABLE) or time.monotonic() + delay >= deadline:
                     if kind in (RETRY, UNREACHABLE):
-                        raise OSError(f"gave up after {self.timeout:g} s: {_one_line(exc)}") from exc
+                        message = f"gave up after {self.timeout:g} s: {_one_line(exc)}"
+                        raise DeadlineSpent(message, deadline) from exc
                     if isinstance(exc, OSError) and not type(exc).__module__.startswith("obstore"):
                         raise
                     raise OSError(_one_line(exc)) from exc
                 stopping.give_up_if_requested(pin.key if pin else "a first read")  # not --timeout more of retries
                 log.debug("retrying %s after %s", pin.key if pin else "a first read", _one_line(exc))
                 time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = next(waits)
 
     def _changed(self, pin: _Pin, detail: str) -> None:
         if not pin.changed:
@@ -718,18 +868,26 @@ class RemoteFiles:
 
     def _wait(self, future: Future, deadline: float) -> None:
         """Wait for ``future`` until ``deadline``, then on for as long as bytes keep arriving (from any of this
-        source's fetches, the one awaited perhaps queued behind them): a slow link is not a stalled server."""
+        source's fetches, the one awaited perhaps queued behind them): a slow link is not a stalled server. A fetch
+        that gave up at its own deadline, before the read's (it began earlier, for another read), is no answer for
+        this read: it returns, and the read looks again."""
         while True:
             seen = self._arrived
             try:
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
+                return
+            except DeadlineSpent as exc:
+                if exc.deadline >= deadline or time.monotonic() >= deadline:
+                    raise
                 return
             except FutureTimeout:
                 if self._arrived == seen:
                     raise OSError(f"no answer from the server within {self.timeout:g} s") from None
                 deadline = time.monotonic() + self.timeout
 
-    def _read_ahead(self, pin: _Pin, offset: int, count: int, low: int, high: int) -> tuple[int, int] | None:
+    def _read_ahead(
+        self, pin: _Pin, offset: int, count: int, low: int, high: int, deadline: float
+    ) -> tuple[int, int] | None:
         """Follow the readers of ``pin``'s file and start fetching ahead of a sequential one; what a read may fetch
         of the blocks it needs: ``(lo, hi)``, or ``None`` for exactly the bytes asked (a jump).
 
@@ -756,7 +914,7 @@ class RemoteFiles:
                 lo, hi = self._bounds(pin, block, clip)
                 while lo < hi:  # each part of the block neither held nor on its way
                     gap = self._gap(pin.key, block, lo, hi, lo)
-                    if gap[0] < gap[1] and self._submit(pin, block, gap[0], gap[1]) is None:
+                    if gap[0] < gap[1] and self._submit(pin, block, gap[0], gap[1], deadline) is None:
                         return clip  # no slot free: readers first
                     lo = max(gap[1], lo + 1) if gap[0] < gap[1] else self._covered_until(pin.key, block, lo)
             return clip
@@ -782,11 +940,14 @@ class RemoteFiles:
         """The end of the held range holding ``position``."""
         return max((b for a, b in self._held(key, block) if a <= position < b), default=position + 1)
 
-    def _in_flight(self, key: str, block: int, position: int) -> Future | None:
-        """The fetch under way that will fill ``position`` of ``block``, if any; the lock is held."""
-        return next(
-            (f for (k, b, lo, hi), f in self._fetching.items() if k == key and b == block and lo <= position < hi), None
-        )
+    def _in_flight(self, key: str, block: int, position: int, deadline: float) -> Future | None:
+        """The fetch under way that will fill ``position`` of ``block``, if any, its retries now going on until
+        ``deadline`` (the read's that waits for it) at least; the lock is held."""
+        for fetch_key, future in self._fetching.items():
+            if fetch_key[0] == key and fetch_key[1] == block and fetch_key[2] <= position < fetch_key[3]:
+                self._until[fetch_key].extend(deadline)
+                return future
+        return None
 
     def _give_back(self, pipe: int) -> None:
         """The slots lent to ``pipe`` for its last reply, returned once the pipe is empty: a pipe serves one thread,
