@@ -33,8 +33,9 @@ from .oci_artifact import (
     read_manifest,
 )
 from .registry import BlobClient, Registry, parse_reference
-from .remote import Listing, RemoteFiles, Transport
+from .remote import RemoteFiles
 from .tar_index import TarIndexError, members
+from .transport import Listing, Transport
 
 log = logging.getLogger(__name__)
 

@@ -32,31 +32,36 @@ in the process that uses it, after any fork (``daemon.run_background`` plans in 
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
-import struct
-import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from .. import stopping
 from . import retries
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SharedBlocks, SourceChanged
 from .block_cache import PASSED_SCAN, Slot, SlotCache
 from .disk_cache import DiskCache, gaps
-from .failures import FATAL, RETRY, UNREACHABLE, describe, first_line, refused
+from .failures import RETRY, UNREACHABLE, refused
 from .streams import BACKWARD_SLACK, FIRST_WINDOW, Stream, fetch_ahead, follow
+from .transport import (
+    READ_AT_MOUNT,
+    DeadlineSpent,
+    NoRange,
+    Pin,
+    RangeIgnored,
+    Transport,
+    kind_of,
+    one_line,
+    pipe_empty,
+    splice_some,
+    write_some,
+)
 from .whole import CHUNK, DiskStore, MemoryStore, WholeFile, fits_in_memory, memory_needed, notice, refusal
-
-if TYPE_CHECKING:
-    from .http_client import HttpClient, ResolvingClient, SignedClient
 
 log = logging.getLogger(__name__)
 
@@ -74,130 +79,6 @@ T = TypeVar("T")
 
 
 Part = bytes | tuple[Slot, int, int]  # bytes of the first read, or (a used slot, where in the memfd, how many)
-
-
-class DeadlineSpent(OSError):
-    """A request retried until its ``deadline`` and given up: a read with a later deadline may ask again."""
-
-    def __init__(self, message: str, deadline: float) -> None:
-        super().__init__(message)
-        self.deadline = deadline
-
-
-class RangeIgnored(OSError):
-    """The server answered a Range request with the whole object (200): a mount cannot be served from it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Listing:
-    """What a remote source can say of a key without reading it: a file, a folder, or nothing; for a file its
-    store's listing gave (S3's list, the Hub's file list), enough to pin it without a request: ``size``, the
-    ``etag`` sent as If-Match (``None``: the URL pins it, as a Hub commit does), ``tag`` naming the version in
-    the disk cache, and ``mtime_ns``."""
-
-    kind: Kind | None
-    size: int | None = None
-    etag: str | None = None
-    tag: str | None = None
-    mtime_ns: int = 0
-
-
-# Files whose first bytes every mount reads (headers, indexes): their speculative first read pins them and keeps
-# those bytes. Any other file of a listing is pinned from the listing, and costs nothing until it is read.
-READ_AT_MOUNT = (".safetensors", ".safetensors.index.json")
-
-
-class Transport:
-    """One remote store: how a key maps to it, and the calls stfs makes of it (all through obstore).
-
-    Subclasses (``stfs.sources.urls``) give ``make_store`` and, where the store can list, ``list``.
-    """
-
-    base: str  # the key prefix this store serves, e.g. "https://host:8080" or "s3://bucket"
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def path(self, key: str) -> str:
-        return key[len(self.base) :].lstrip("/")
-
-    def store_path(self, key: str) -> str:
-        """``path(key)`` as obstore takes it: the object's name, which obstore encodes for the request itself."""
-        return self.path(key)
-
-    def list(self, store: Any, key: str) -> list[str] | None:
-        """Keys of every file at or below ``key`` (a file or a folder), sorted; ``None`` if the store cannot list."""
-        return None
-
-    def sha256(self, key: str) -> str | None:
-        """The sha256 the store's listing gives for ``key`` (the Hub's, of an LFS file), else ``None``."""
-        return None
-
-    def refuse_if_expired(self) -> None:
-        """Raise, with no request made, once the server has refused the URL itself (an expired presigned URL)."""
-
-    def shown(self, exc: Exception) -> Exception:
-        """``exc`` as it may be raised and shown: another exception of its kind where its text holds a secret."""
-        return exc
-
-    def read_range(self, key: str, lo: int, hi: int) -> memoryview | None:
-        """Bytes ``[lo, hi)`` of ``key`` fetched the transport's own way (a registry's blobs); ``None``: through
-        obstore, as every other transport does."""
-        return None
-
-    def client(self) -> HttpClient | ResolvingClient | SignedClient | None:
-        """A client that reads a range straight into memory given (HTTP(S), the Hub, S3); ``None``: through obstore."""
-        return None
-
-    def lookups(self) -> int:
-        """Requests its client made to find where files are (the Hub's HEADs); none where no client was made."""
-        return 0
-
-    def prepare(self) -> None:
-        """Work a mount does at once, off the read path, so that the first read does not (none here)."""
-
-    def describe(self, key: str) -> Listing | None:
-        """What the store knows of ``key`` without a request (the Hub's file list, an S3 listing already made);
-        else ``None``."""
-        return None
-
-    def still_there(self, store: Any, key: str, etag: str | None, version: str | None, size: int) -> bool:
-        """Whether ``key`` still holds the object pinned as ``etag``/``version``/``size``: one request (a HEAD).
-        ``FileNotFoundError`` if nothing is there; any other error if the server cannot say."""
-        import obstore
-
-        meta = obstore.head(store, self.path(key))
-        if version:
-            return bool(meta.get("version") == version)
-        return bool(meta["size"] == size and (not etag or meta.get("e_tag") == etag))
-
-
-class _Pin:
-    __slots__ = ("key", "size", "etag", "version", "mtime_ns", "head", "changed", "label")
-
-    def __init__(
-        self,
-        key: str,
-        size: int,
-        etag: str | None,
-        version: str | None,
-        mtime_ns: int,
-        head: bytes,
-        label: str | None = None,
-    ) -> None:
-        self.key = key
-        self.size = size
-        self.etag = etag
-        self.version = version
-        self.mtime_ns = mtime_ns
-        self.head = head  # the first bytes, from the speculative first read
-        self.changed = False
-        self.label = label  # names the version where neither etag nor version does (a Hub file: its oid)
-
-    @property
-    def tag(self) -> str:
-        """What names this version of the object (the disk cache's key beside the URL)."""
-        return self.version or self.etag or self.label or ""
 
 
 class RemoteFiles:
@@ -233,7 +114,7 @@ class RemoteFiles:
         self.ranges_required = ranges_required
         self._store: Any = None
         self._lock = threading.Lock()
-        self._pins: dict[str, _Pin] = {}
+        self._pins: dict[str, Pin] = {}
         self._pinning: dict[str, threading.Lock] = {}
         self._cache: SlotCache | None = None  # made on the first data read: info and check never map it
         self._cache_size = cache_size
@@ -324,13 +205,13 @@ class RemoteFiles:
         moved = 0
         for part in self._parts(key, offset, count, span):
             if isinstance(part, bytes):  # bytes of the first read (a small file, a tensor beside the header)
-                sent = _write_some(pipe, part)
+                sent = write_some(pipe, part)
             else:
                 slot, start, length = part
                 cache = self._block_cache()
                 sent = 0
                 try:
-                    sent = _splice_some(cache.fd, start, length, pipe)
+                    sent = splice_some(cache.fd, start, length, pipe)
                 finally:
                     with self._lock:
                         if sent:
@@ -365,7 +246,7 @@ class RemoteFiles:
             except FileNotFoundError:
                 same = False
             except Exception as exc:  # cannot ask: say so in the log, count it as unknown (unchanged)
-                log.warning("cannot check %s: %s", pin.key, _one_line(exc))
+                log.warning("cannot check %s: %s", pin.key, one_line(exc))
                 continue
             if not same:
                 changed.append(pin.key)
@@ -397,7 +278,7 @@ class RemoteFiles:
 
     # -- pinning -------------------------------------------------------------------------------------------------
 
-    def _pin(self, key: str) -> _Pin:
+    def _pin(self, key: str) -> Pin:
         pin = self._pins.get(key)
         if pin is not None:
             return pin
@@ -413,16 +294,16 @@ class RemoteFiles:
                     self._pins[key] = pin
             return pin
 
-    def _from_listing(self, key: str) -> _Pin | None:
+    def _from_listing(self, key: str) -> Pin | None:
         """A pin made from the store's listing, without a request, for a file the mount may never read."""
         if key.endswith(READ_AT_MOUNT):
             return None
         listed = self.transport.describe(key)
         if listed is None or listed.kind is not Kind.FILE or listed.size is None:
             return None
-        return _Pin(key, listed.size, listed.etag, None, listed.mtime_ns, b"", listed.tag)
+        return Pin(key, listed.size, listed.etag, None, listed.mtime_ns, b"", listed.tag)
 
-    def _probe(self, key: str) -> _Pin:
+    def _probe(self, key: str) -> Pin:
         """The speculative first read: the first ``first_read`` bytes, and with them size and version."""
         import obstore
 
@@ -439,16 +320,16 @@ class RemoteFiles:
 
         try:
             if self.ignores_range:  # known from another file of this server: do not ask for a range again
-                raise _NoRange(path)
+                raise NoRange(path)
             meta, head = self._retrying(probe, None, deadline)
-        except _NoRange:
+        except NoRange:
             # An empty object has no byte to ask for (nginx answers 200, S3 416); else the server ignores Range.
             meta, head = self._retrying(lambda: self._stream(path, 0, self.first_read), None, deadline)
         last_modified = meta.get("last_modified")
         mtime_ns = int(last_modified.timestamp() * 1e9) if last_modified is not None else 0
-        return _Pin(key, int(meta["size"]), meta.get("e_tag"), meta.get("version"), mtime_ns, head)
+        return Pin(key, int(meta["size"]), meta.get("e_tag"), meta.get("version"), mtime_ns, head)
 
-    def _stream(self, path: str, lo: int, hi: int, pin: _Pin | None = None) -> tuple[Any, bytes]:
+    def _stream(self, path: str, lo: int, hi: int, pin: Pin | None = None) -> tuple[Any, bytes]:
         """``[lo, hi)`` of an object whose server ignores Range: its body streamed from the start, the connection
         dropped once ``hi`` is reached (never the whole body), unless a mount needs ranges (``RangeIgnored``)."""
         import obstore
@@ -523,7 +404,7 @@ class RemoteFiles:
             position += take
 
     def _piece(
-        self, pin: _Pin, block: int, start: int, end: int, clip: tuple[int, int] | None, deadline: float
+        self, pin: Pin, block: int, start: int, end: int, clip: tuple[int, int] | None, deadline: float
     ) -> tuple[Slot, int, int] | bytes:
         """The slot holding byte ``start`` of ``block`` (used: release it) and the range filled there; fetched now
         if need be: the block within ``clip``, or just ``[start, end)`` when ``clip`` is ``None`` (a jump). With
@@ -550,14 +431,14 @@ class RemoteFiles:
 
     # -- files read whole (a server that ignores Range) ------------------------------------------------------------
 
-    def _whole(self, pin: _Pin) -> WholeFile | None:
+    def _whole(self, pin: Pin) -> WholeFile | None:
         """The store of ``pin``'s file if a mount reads it whole (its server ignores Range), else ``None``."""
         whole = self._wholes.get(pin.key)
         if whole is None and self.ranges_required and self.ignores_range and pin.size > len(pin.head):
             whole = self._read_whole(pin, at_mount=False)  # pinned from a listing, then found to ignore Range
         return whole
 
-    def _read_whole(self, pin: _Pin, at_mount: bool) -> WholeFile:
+    def _read_whole(self, pin: Pin, at_mount: bool) -> WholeFile:
         """Make the store of a file read whole: in the disk cache given one, else in the block cache's slots held for
         the mount; ``RangeIgnored`` in one line naming the option that would make it fit where it does not. The
         warning goes to ``warnings`` at mount, else to the log."""
@@ -589,7 +470,7 @@ class RemoteFiles:
         return whole
 
     def _whole_piece(
-        self, pin: _Pin, whole: WholeFile, block: int, start: int, end: int, deadline: float
+        self, pin: Pin, whole: WholeFile, block: int, start: int, end: int, deadline: float
     ) -> tuple[Slot, int, int] | bytes:
         """Bytes of a file read whole from ``start`` (up to ``end``, in ``block``) once they have arrived (the GET
         started if none runs): from its slot (used: release it), or read from its file in the disk cache."""
@@ -605,7 +486,7 @@ class RemoteFiles:
             raise OSError(f"byte {start} of {pin.key} arrived but is not in the block cache")
         return found
 
-    def _get_whole(self, pin: _Pin, whole: WholeFile) -> None:
+    def _get_whole(self, pin: Pin, whole: WholeFile) -> None:
         """Read the whole file into its store (a thread of its own): one GET, retried as any request; after a GET
         that broke off, another, the bytes already held skipped, for as long as bytes keep coming."""
         error: BaseException | None = None
@@ -622,11 +503,11 @@ class RemoteFiles:
             whole.store.finish()
         except BaseException as exc:  # the readers waiting hear of it; the next read asks again
             error = exc
-            log.warning("reading the whole of %s failed: %s", pin.key, _one_line(exc))
+            log.warning("reading the whole of %s failed: %s", pin.key, one_line(exc))
         finally:
             whole.ended(error)
 
-    def _get_body(self, pin: _Pin, whole: WholeFile) -> None:
+    def _get_body(self, pin: Pin, whole: WholeFile) -> None:
         """One GET of the whole file (``If-Match`` its ETag, or its S3 VersionId), its body from where ``whole``
         has it on written to its store; the connection is dropped when the mount goes away."""
         import obstore
@@ -659,12 +540,12 @@ class RemoteFiles:
         if position < pin.size:
             raise OSError(f"the connection closed after {position} of {pin.size} bytes")
 
-    def _bounds(self, pin: _Pin, block: int, clip: tuple[int, int]) -> tuple[int, int]:
+    def _bounds(self, pin: Pin, block: int, clip: tuple[int, int]) -> tuple[int, int]:
         """The bytes of ``block`` a fetch asks for: the block within ``clip``, never the first read's bytes."""
         lo = max(block * self.block_size, clip[0], len(pin.head))
         return lo, min((block + 1) * self.block_size, clip[1], pin.size)
 
-    def _submit(self, pin: _Pin, block: int, lo: int, hi: int, deadline: float) -> Future | None:
+    def _submit(self, pin: Pin, block: int, lo: int, hi: int, deadline: float) -> Future | None:
         """Start fetching ``[lo, hi)`` of ``block`` into its slot, retried until ``deadline`` (that of the read it is
         for, or the latest of the reads that wait for it); the lock is held. ``None``: no slot is free."""
         fetch_key = (pin.key, block, lo, hi)
@@ -679,7 +560,7 @@ class RemoteFiles:
             future = self._fetching[fetch_key] = self._executor().submit(self._fetch, pin, block, lo, hi, slot, until)
         return future
 
-    def _fetch(self, pin: _Pin, block: int, lo: int, hi: int, slot: Slot, deadline: retries.Deadline) -> None:
+    def _fetch(self, pin: Pin, block: int, lo: int, hi: int, slot: Slot, deadline: retries.Deadline) -> None:
         """Fill ``[lo, hi)`` of ``block``'s slot (``_fill``); what came from the server goes on to the disk cache
         after the readers waiting for it have it (``_keep``), the slot held for it meanwhile."""
         cache = self._block_cache()
@@ -699,7 +580,7 @@ class RemoteFiles:
                 self._until.pop((pin.key, block, lo, hi), None)
 
     def _fill(
-        self, pin: _Pin, lo: int, into: memoryview, deadline: float | retries.Deadline | None = None
+        self, pin: Pin, lo: int, into: memoryview, deadline: float | retries.Deadline | None = None
     ) -> list[tuple[int, int]]:
         """Fill ``into`` with the pinned version's bytes from ``lo``: what the disk cache holds of them from there,
         the gaps from the server (gaps closer than ``BRIDGE`` as one request), until ``deadline`` (a read's, else
@@ -711,7 +592,7 @@ class RemoteFiles:
             self._retrying(partial(self._get_into, pin, a, into[a - lo : b - lo]), pin, deadline)
         return missing
 
-    def _keep(self, pin: _Pin, block: int, slot: Slot, ranges: list[tuple[int, int]]) -> None:
+    def _keep(self, pin: Pin, block: int, slot: Slot, ranges: list[tuple[int, int]]) -> None:
         """Write the ranges of ``block`` fetched into ``slot`` (held for this) to the disk cache, then let it go."""
         cache = self._block_cache()
         try:
@@ -731,7 +612,7 @@ class RemoteFiles:
             self._keep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stfs-keep")
         return self._keep_pool
 
-    def _get_into(self, pin: _Pin, lo: int, into: memoryview) -> memoryview:
+    def _get_into(self, pin: Pin, lo: int, into: memoryview) -> memoryview:
         """Fill ``into`` with the pinned version's bytes from ``lo``: read straight into it where the transport has
         a client for that (``Transport.client``), else one ranged GET through obstore, copied."""
         client = self.transport.client()
@@ -741,12 +622,12 @@ class RemoteFiles:
         try:
             client.get_into(self.transport.path(pin.key), lo, into, pin.etag, self._moving)
         except Exception as exc:
-            if _kind_of(exc) != "no-range" or self.ranges_required:
+            if kind_of(exc) != "no-range" or self.ranges_required:
                 raise
             into[:] = self._get_range(pin, lo, lo + len(into))  # streams from the start, as obstore's path does
         return into
 
-    def _get_pieces(self, pin: _Pin, lo: int, into: memoryview) -> None:
+    def _get_pieces(self, pin: Pin, lo: int, into: memoryview) -> None:
         """Fill ``into`` through obstore in ranged GETs each sized to come within a quarter of ``--timeout`` at the
         rate the last one came: obstore's timeout is a whole request's, and one GET of a block over a slow link would
         time out while its bytes still came. Each GET counts as bytes arriving for the readers waiting on them."""
@@ -771,7 +652,7 @@ class RemoteFiles:
                 with self._lock:
                     self.requests += 1  # what went over the wire: _call counted the first GET only
 
-    def _get_range(self, pin: _Pin, lo: int, hi: int) -> memoryview:
+    def _get_range(self, pin: Pin, lo: int, hi: int) -> memoryview:
         """One ranged GET of the pinned version (``If-Match`` its ETag, or its S3 VersionId)."""
         import obstore
 
@@ -786,14 +667,14 @@ class RemoteFiles:
             # obstore's Bytes, not a copy: a memoryview of the buffer Rust filled
             data = own if own is not None else memoryview(obstore.get(self._get_store(), path, options=options).bytes())
         except Exception as exc:
-            if _kind_of(exc) != "no-range" or self.ranges_required:
+            if kind_of(exc) != "no-range" or self.ranges_required:
                 raise
             data = memoryview(self._stream(path, lo, hi, pin)[1])
         if len(data) != hi - lo:
             raise OSError(f"asked for bytes {lo}-{hi}, got {len(data)}")
         return data
 
-    def _retrying(self, call: Callable[[], T], pin: _Pin | None, until: float | retries.Deadline) -> T:
+    def _retrying(self, call: Callable[[], T], pin: Pin | None, until: float | retries.Deadline) -> T:
         """``call()`` again after resets, timeouts, 5xx and 429, with backoff, until ``until`` (a time, or a fetch's
         ``Deadline``, which reads that join it move on); a changed or vanished object (412, 404 of a pinned one) marks
         ``pin`` changed and fails at once. A refused connection to this machine is asked again for ``REFUSED_NEARBY``
@@ -809,36 +690,36 @@ class RemoteFiles:
             try:
                 return self._call(call)
             except Exception as exc:
-                kind = _kind_of(exc)
+                kind = kind_of(exc)
                 if pin is not None and kind in ("changed", "gone"):
-                    self._changed(pin, _one_line(exc))
+                    self._changed(pin, one_line(exc))
                 if kind == "gone":
-                    raise FileNotFoundError(_one_line(exc)) from exc
+                    raise FileNotFoundError(one_line(exc)) from exc
                 if kind == "no-range":
                     if pin is None:
-                        raise _NoRange(_one_line(exc)) from exc
+                        raise NoRange(one_line(exc)) from exc
                     raise RangeIgnored("the server no longer answers Range requests (it sent the whole file)") from exc
                 if kind == UNREACHABLE and pin is None:  # first contact: nothing says a server was ever there
-                    raise OSError(_one_line(exc)) from exc
+                    raise OSError(one_line(exc)) from exc
                 deadline = until.at if isinstance(until, retries.Deadline) else until  # moved on by a read joining
                 if kind == UNREACHABLE and self._nearby and refused(exc):
                     deadline = min(deadline, started + retries.REFUSED_NEARBY)
                     if time.monotonic() + delay >= deadline:
                         elapsed = time.monotonic() - started
-                        raise OSError(f"{_one_line(exc)}, {attempts} times in {elapsed:.1f} s") from exc
+                        raise OSError(f"{one_line(exc)}, {attempts} times in {elapsed:.1f} s") from exc
                 if kind not in (RETRY, UNREACHABLE) or time.monotonic() + delay >= deadline:
                     if kind in (RETRY, UNREACHABLE):
-                        message = f"gave up after {self.timeout:g} s: {_one_line(exc)}"
+                        message = f"gave up after {self.timeout:g} s: {one_line(exc)}"
                         raise DeadlineSpent(message, deadline) from exc
                     if isinstance(exc, OSError) and not type(exc).__module__.startswith("obstore"):
                         raise
-                    raise OSError(_one_line(exc)) from exc
+                    raise OSError(one_line(exc)) from exc
                 stopping.give_up_if_requested(pin.key if pin else "a first read")  # not --timeout more of retries
-                log.debug("retrying %s after %s", pin.key if pin else "a first read", _one_line(exc))
+                log.debug("retrying %s after %s", pin.key if pin else "a first read", one_line(exc))
                 time.sleep(delay)
                 delay = next(waits)
 
-    def _changed(self, pin: _Pin, detail: str) -> None:
+    def _changed(self, pin: Pin, detail: str) -> None:
         if not pin.changed:
             pin.changed = True
             if self._shared is not None:
@@ -886,7 +767,7 @@ class RemoteFiles:
                 deadline = time.monotonic() + self.timeout
 
     def _read_ahead(
-        self, pin: _Pin, offset: int, count: int, low: int, high: int, deadline: float
+        self, pin: Pin, offset: int, count: int, low: int, high: int, deadline: float
     ) -> tuple[int, int] | None:
         """Follow the readers of ``pin``'s file and start fetching ahead of a sequential one; what a read may fetch
         of the blocks it needs: ``(lo, hi)``, or ``None`` for exactly the bytes asked (a jump).
@@ -954,7 +835,7 @@ class RemoteFiles:
         and libfuse sends a thread's reply before it takes the thread's next request (an empty pipe is not enough
         alone: libfuse moves a reply into a pipe of its own before it writes it to the kernel)."""
         lent = self._lent.get(pipe)
-        if lent and _pipe_empty(pipe):
+        if lent and pipe_empty(pipe):
             cache = self._block_cache()
             with self._lock:
                 for slot, owner in lent:
@@ -983,48 +864,3 @@ class RemoteFiles:
                 if self._store is None:
                     self._store = self.transport.make_store()
         return self._store
-
-
-def _write_some(pipe: int, data: bytes) -> int:
-    try:
-        return os.write(pipe, data)
-    except BlockingIOError:
-        return 0
-
-
-def _splice_some(fd: int, offset: int, count: int, pipe: int) -> int:
-    """``splice`` ``count`` bytes of ``fd`` at ``offset`` into the non-blocking ``pipe``; the count moved."""
-    done = 0
-    while done < count:
-        try:
-            moved = os.splice(fd, pipe, count - done, offset_src=offset + done)
-        except BlockingIOError:
-            break
-        if moved <= 0:
-            break
-        done += moved
-    return done
-
-
-def _pipe_empty(pipe: int) -> bool:
-    return struct.unpack("i", fcntl.ioctl(pipe, termios.FIONREAD, b"\0\0\0\0"))[0] == 0
-
-
-class _NoRange(OSError):
-    """A Range request answered without a range: an empty object, or a server that ignores Range."""
-
-
-def _kind_of(exc: BaseException) -> str:
-    """How to take a failed request (``failures``): ``gone`` (404), ``changed`` (412: If-Match failed), ``no-range``
-    (200 or 416 to a Range request), ``fatal`` (a certificate, another 4xx: asking again will not help),
-    ``unreachable`` (refused, no such host), else ``retry`` (resets, timeouts, 5xx, 429)."""
-    if isinstance(exc, (RangeIgnored, SourceChanged)):
-        return FATAL
-    return describe(exc).kind
-
-
-def _one_line(exc: BaseException) -> str:
-    """The cause of a failed request for a person: one line, its source named by the caller."""
-    if isinstance(exc, (RangeIgnored, SourceChanged, _NoRange)):
-        return first_line(exc)
-    return describe(exc).cause

@@ -20,7 +20,8 @@ from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, ByteSource, Kind, shown_u
 from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
 from .failures import describe, first_line
 from .http_client import HttpClient, ResolvingClient, SignedClient, https_context
-from .remote import Listing, RemoteFiles, Transport
+from .remote import RemoteFiles
+from .transport import Listing, Transport
 
 log = logging.getLogger(__name__)
 
