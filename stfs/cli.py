@@ -1,4 +1,4 @@
-"""The command line: ``stfs mount|unmount|info|check``, and ``stfs SOURCE MNT -o OPTS`` as mount(8) runs it.
+"""The command line: ``stfs mount|unmount|info|check|diff|csi``, and ``stfs SOURCE MNT -o OPTS`` as mount(8) runs it.
 ``main(argv) -> int``; one top-level error handler."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__, errors
+from .csi import DEFAULT_STATE_DIR
 from .model import Model, discover, load
 from .options import VIEWS, OptionError, positive_int, seconds, size_bytes, sort_options
 from .sources import ByteSource, named_source, open_source
@@ -194,6 +195,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _quiet(diff)
     _timeout(diff)
+
+    csi = commands.add_parser(
+        "csi",
+        help="serve Kubernetes' Container Storage Interface: a pod gets a model as a read-only volume",
+        description="Serve CSI v1's Identity and Node services on a unix socket, as the kubelet drives a node "
+        "plugin: each volume published is a `stfs mount` of the volume's source attribute at the pod's target, its "
+        "daemon outliving this process (docs/kubernetes.md). Needs the csi extra: pip install 'stfs[csi]'.",
+        epilog="example: stfs csi --endpoint unix:///csi/csi.sock --node-id node-1",
+    )
+    _common(csi)
+    csi.add_argument("--endpoint", required=True, metavar="unix:///PATH", help="the socket to serve on")
+    csi.add_argument("--node-id", required=True, metavar="NODE", help="this node's name, as NodeGetInfo answers")
+    csi.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        metavar="DIR",
+        help="where the volumes published are recorded (no secrets), for a restarted plugin (default %(default)s)",
+    )
     return parser
 
 
@@ -317,6 +336,20 @@ def cmd_unmount(args: argparse.Namespace) -> int:
     from .daemon import unmount
 
     unmount(args.mountpoint, lazy=args.lazy)
+    return EXIT_OK
+
+
+def cmd_csi(args: argparse.Namespace) -> int:
+    try:
+        from .csi.server import serve
+    except (ImportError, RuntimeError) as exc:  # no grpcio, or one older than the generated code asks for
+        raise errors.StfsError(f"stfs csi needs the csi extra (pip install 'stfs[csi]'): {exc}") from None
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
+        force=True,
+    )
+    serve(args.endpoint, args.node_id, args.state_dir)
     return EXIT_OK
 
 
@@ -451,7 +484,14 @@ def _tolerant_output() -> None:
             stream.reconfigure(errors="surrogateescape" if utf8 else "backslashreplace")
 
 
-COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check, "diff": cmd_diff}
+COMMANDS = {
+    "mount": cmd_mount,
+    "unmount": cmd_unmount,
+    "info": cmd_info,
+    "check": cmd_check,
+    "diff": cmd_diff,
+    "csi": cmd_csi,
+}
 
 
 def mount8_form(argv: Sequence[str]) -> list[str]:
