@@ -455,3 +455,14 @@ def test_a_dead_mount_is_unpublished(plugin: Plugin, model: Path, tmp_path: Path
         time.sleep(0.1)
     plugin.unpublish(target)
     assert mounts_under(tmp_path) == [] and not target.exists()
+
+
+def test_the_command_refuses_an_endpoint_it_cannot_serve_in_one_line(tmp_path: Path) -> None:
+    not_a_socket = tmp_path / "csi.sock"
+    not_a_socket.write_text("a file")
+    for endpoint in (f"unix://{not_a_socket}", "unix://relative/csi.sock"):
+        command = [sys.executable, "-m", "stfs", "csi", "--endpoint", endpoint, "--node-id", NODE]
+        result = run([*command, "--state-dir", str(tmp_path / "state")], cwd=REPO)
+        assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert result.stderr.startswith("stfs: ") and "Traceback" not in result.stderr
+    assert not_a_socket.read_text() == "a file"

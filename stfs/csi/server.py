@@ -100,7 +100,7 @@ class Node(csi_pb2_grpc.NodeServicer):
             try:
                 warnings = publish(volume, secrets, self.state.log_path(volume.target))
             except BaseException:
-                self.state.forget(volume.target)
+                self.state.forget(volume.target, log=False)
                 if made:  # as it was: the kubelet's retry, or its cleanup of the pod, finds no trace
                     with contextlib.suppress(OSError):
                         os.rmdir(volume.target)

@@ -47,8 +47,10 @@ class State:
             return None
         return record if isinstance(record, dict) and record.get("target") == target else None
 
-    def forget(self, target: str) -> None:
-        for path in (self.record_path(target), self.log_path(target)):
+    def forget(self, target: str, log: bool = True) -> None:
+        """Remove the target's record, and its daemon's log unless ``log`` is False (a failed mount's, which its
+        error names)."""
+        for path in (self.record_path(target), *([self.log_path(target)] if log else [])):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
