@@ -1,4 +1,4 @@
-"""The command line: ``stfs mount|unmount|info|check``, and ``stfs SOURCE MNT -o OPTS`` as mount(8) runs it.
+"""The command line: ``stfs mount|unmount|info|check|diff|csi``, and ``stfs SOURCE MNT -o OPTS`` as mount(8) runs it.
 ``main(argv) -> int``; one top-level error handler."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__, errors
+from .csi import DEFAULT_STATE_DIR
 from .model import Model, discover, load
 from .options import VIEWS, OptionError, positive_int, seconds, size_bytes, sort_options
 from .sources import ByteSource, named_source, open_source
@@ -246,6 +247,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _quiet(diff)
     _timeout(diff)
+
+    csi = commands.add_parser(
+        "csi",
+        help="serve Kubernetes' Container Storage Interface: a pod gets a model as a read-only volume",
+        description="Serve CSI v1's Identity and Node services on a unix socket, as the kubelet drives a node "
+        "plugin: each volume published is a `stfs mount` of the volume's source attribute at the pod's target, its "
+        "daemon outliving this process (docs/kubernetes.md). Needs the csi extra: pip install 'stfs[csi]'.",
+        epilog="example: stfs csi --endpoint unix:///csi/csi.sock --node-id node-1",
+    )
+    _common(csi)
+    csi.add_argument("--endpoint", required=True, metavar="unix:///PATH", help="the socket to serve on")
+    csi.add_argument("--node-id", required=True, metavar="NODE", help="this node's name, as NodeGetInfo answers")
+    csi.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        metavar="DIR",
+        help="where the volumes published are recorded (no secrets), for a restarted plugin (default %(default)s)",
+    )
     return parser
 
 
@@ -386,6 +405,20 @@ def cmd_unmount(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_csi(args: argparse.Namespace) -> int:
+    try:
+        from .csi.server import serve
+    except (ImportError, RuntimeError) as exc:  # no grpcio, or one older than the generated code asks for
+        raise errors.StfsError(f"stfs csi needs the csi extra (pip install 'stfs[csi]'): {exc}") from None
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
+        force=True,
+    )
+    serve(args.endpoint, args.node_id, args.state_dir)
+    return EXIT_OK
+
+
 def interrupt_at_once(args: argparse.Namespace) -> None:
     """Let Ctrl-C end the stfs command at once while it reads sources, nothing mounted yet: a remote request waits in
     obstore's Rust code, where Python cannot run its SIGINT handler until the request gives up (``--timeout``).
@@ -517,7 +550,14 @@ def _tolerant_output() -> None:
             stream.reconfigure(errors="surrogateescape" if utf8 else "backslashreplace")
 
 
-COMMANDS = {"mount": cmd_mount, "unmount": cmd_unmount, "info": cmd_info, "check": cmd_check, "diff": cmd_diff}
+COMMANDS = {
+    "mount": cmd_mount,
+    "unmount": cmd_unmount,
+    "info": cmd_info,
+    "check": cmd_check,
+    "diff": cmd_diff,
+    "csi": cmd_csi,
+}
 ALIASES = {"umount": "unmount"}  # what umount(8) taught the fingers
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
