@@ -215,7 +215,7 @@ def test_python_dash_m() -> None:
         (["moutn", "tiny.safetensors", "m6"], "unknown command 'moutn' (did you mean mount?)"),
         (["chek"], "unknown command 'chek' (did you mean check?)"),
         (["--debug", "dif", "a", "b"], "unknown command 'dif' (did you mean diff?)"),
-        (["xyzzy", "m6"], "unknown command 'xyzzy' (commands: mount, unmount, info, check, diff)"),
+        (["xyzzy", "m6"], "unknown command 'xyzzy' (commands: mount, unmount, info, check, diff, csi)"),
     ],
 )
 def test_a_mistyped_command_is_a_usage_error_not_a_mount(tmp_path: Path, argv: list[str], said: str) -> None:
