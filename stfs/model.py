@@ -288,7 +288,7 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     if not models:
         files_text, indexes_text = " or ".join(MODEL_SUFFIXES), " or ".join(INDEX_SUFFIXES)
         raise errors.SourceError(f"{root}: no {files_text} file or {indexes_text} found")
-    if len(models) == 1:
+    if len(models) == 1 and not getattr(source, "named_models", False):
         return [ModelSource(name="", path=models[0], header=headers.get(models[0]))]
     result = [ModelSource(_name_in(source, root, key, models), key, headers.get(key)) for key in models]
     seen: dict[str, str] = {}

@@ -438,6 +438,8 @@ def test_an_ollama_models_folder(mount: MountFn, tmp_path: Path) -> None:
     (tmp_path / "q8.gguf").write_bytes(q8)
     assert_same_tensors(str(Path(mnt, "library", "toy:q8")), mount(str(tmp_path / "q8.gguf")))
     manifests = store / "manifests" / "registry.ollama.ai" / "library" / "toy"
+    alone = write_ollama_models(tmp_path / "alone", {"registry.ollama.ai/library/toy/q4": ollama(q4)})
+    assert os.listdir(Path(mount(str(alone)), "library")) == ["toy:q4"]  # named even alone: the next pull moves nothing
     one = mount(str(manifests / "q4"))
     assert Path(one, "files", "model.gguf").read_bytes() == q4
     differ = stfs_command("diff", "-q", str(manifests / "q8"), str(manifests / "q4"))

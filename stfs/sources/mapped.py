@@ -45,8 +45,16 @@ class Group:
 class MappedFiles:
     """A ``ByteSource`` of named files (``files``: key -> ``Piece``) read from ``below``."""
 
-    def __init__(self, below: ByteSource, files: Mapping[str, Piece], groups: list[Group] | None = None) -> None:
+    def __init__(
+        self,
+        below: ByteSource,
+        files: Mapping[str, Piece],
+        groups: list[Group] | None = None,
+        named_models: bool = False,
+    ) -> None:
         self.below = below
+        # a store whose models keep their folders even alone (Ollama's: the next pull does not move the first model)
+        self.named_models = named_models
         self.files = dict(files)
         self.groups = {group.key: group for group in groups or []}
         self.first_read = below.first_read

@@ -291,7 +291,7 @@ def _ollama(folder: str, local: ByteSource, manifests: list[str], single: bool) 
         files.update(artifact_files(artifact, root, blob, _local_read(local), manifest))
         metadata = {"oci.digest": digest, "oci.reference": name, **artifact.annotations}
         groups.append(_group(artifact, root, metadata, blob))
-    return MappedFiles(local, files, groups), manifests[0] if single else folder
+    return MappedFiles(local, files, groups, named_models=not single), manifests[0] if single else folder
 
 
 def _local_read(local: ByteSource) -> Callable[[str, int, int], bytes]:
