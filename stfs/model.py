@@ -165,8 +165,10 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
         raise errors.UnreadableFile(f"{key}: cannot open: {exc.strerror or exc}") from exc
 
     fetch = _Fetcher(source, key)
-    read = formats.identify(key, fetch, info.size).read_header
-    header = read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
+    known = formats.identify(key, fetch, info.size)
+    header = formats.read_with(
+        known, fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read
+    )
     if header.other_files:
         _check_other_files(header, source)
     return header

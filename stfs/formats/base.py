@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
 
@@ -53,14 +53,17 @@ class Scattered(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class TensorEntry:
-    """One tensor of a file; ``begin``/``end`` are relative to its data section."""
+    """One tensor of a file; ``begin``/``end`` are relative to its data section.
+
+    ``namespace`` (its files' extended attributes: ``user.<namespace>.name``, ...) is not the format's to give: it
+    is the name of the ``Format`` that read it, filled by ``formats.read_with``."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     begin: int
     end: int
-    namespace: ClassVar[str] = "safetensors"  # its files' extended attributes: user.<namespace>.name, ...
+    namespace: str = field(default="", init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -92,7 +95,11 @@ class TensorEntry:
 class Header:
     """A validated header of the file at ``path``: its tensors (in the order the file lists them), its metadata
     as strings, where its data section starts, and its ``header.json``: the JSON as stored at ``json_at`` (offset,
-    length) in the file, or ``json_made``, made from a header that is not JSON."""
+    length) in the file, or ``json_made``, made from a header that is not JSON.
+
+    Two members are not the format's to give, so that it cannot give them wrong: ``format``, the name of the
+    ``Format`` that read it (filled by ``formats.read_with``), and ``scattered``, whether any of its tensors is
+    (``TensorEntry.scattered``), derived from them."""
 
     path: str
     file_size: int
@@ -105,13 +112,17 @@ class Header:
     json_made: bytes | None = None
     parsed: Any = None  # the format's own header, where checks across files need it (a GGUF split set)
     warnings: tuple[str, ...] = ()  # one line each, for a mount's stderr (a checkpoint's tensors left out)
-    format: str = "safetensors"  # the name of the ``Format`` that read it
     check_problems: tuple[str, ...] = ()  # lines ``stfs check`` fails on though a mount serves the file
-    scattered: bool = False  # some tensor's bytes are not one range of the file (``TensorEntry.scattered``)
     # Other files of its folder the model's tensors lie in (an ONNX model's external data, a DCP's .distcp files),
     # relative to that folder: each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows
     # them all.
     other_files: tuple[str, ...] = ()
+    format: str = field(default="", init=False)  # the name of the ``Format`` that read it
+    scattered: bool = field(default=False, init=False)  # some tensor's bytes are not one range of the file
+
+    def __post_init__(self) -> None:
+        # a views fast path serves every tensor of a header that is not scattered as one range of its file
+        object.__setattr__(self, "scattered", any(entry.scattered is not None for entry in self.tensors))
 
     @property
     def data_size(self) -> int:

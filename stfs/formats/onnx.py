@@ -26,7 +26,7 @@ import math
 import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from .. import errors
 from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable, header_json
@@ -323,7 +323,6 @@ class OnnxEntry(TensorEntry):
     model's, or its external data's ``location``; or its bytes ``held``. Its files' xattrs ``user.onnx.*`` add
     ``data_type`` (ONNX's name: ``FLOAT``) and, for external data, ``location`` as written."""
 
-    namespace: ClassVar[str] = "onnx"
     data_type: str = ""
     location: str | None = None
     held: Held | None = None
@@ -569,8 +568,6 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         data_start=0,
         json_made=made,
         warnings=tuple(warnings),
-        format="onnx",
-        scattered=any(entry.held is not None for entry in entries),
         other_files=tuple(tensors.files),
     )
 

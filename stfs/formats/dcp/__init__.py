@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ... import errors
 from ..base import Folder, Format, Header, RangeFetcher, TensorEntry, encodable, header_json
@@ -43,7 +42,6 @@ class DcpEntry(TensorEntry):
     ``assembled``, gathered from its chunks (``begin`` where its first element lies in ``location``). Its files'
     xattrs ``user.dcp.*`` add ``chunks``, how many hold its elements."""
 
-    namespace: ClassVar[str] = "dcp"
     location: str | None = None
     assembled: Assembled | None = None
     chunks: int = 0
@@ -125,9 +123,7 @@ def fetch_header(
         json_made=made,
         parsed=metadata,
         warnings=tuple(warnings + problems),
-        format="dcp",
         check_problems=tuple(problems),
-        scattered=any(entry.assembled is not None for entry in entries),
         other_files=tuple(by_file),
     )
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ... import errors
 from ..base import Format, Header, RangeFetcher, TensorEntry
@@ -167,7 +166,6 @@ class PytorchEntry(TensorEntry):
     ``tensor``: the reader's ``Tensor`` (its storage, strides and offset), where a strided one is gathered from.
     """
 
-    namespace: ClassVar[str] = "pytorch"
     tensor: Tensor | None = None
 
     @property
@@ -216,9 +214,7 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         json_made=made,
         parsed=checkpoint,
         warnings=checkpoint.warnings + unsafe_warnings(checkpoint),
-        format="pytorch",
         check_problems=unsafe_warnings(checkpoint),
-        scattered=not all(tensor.contiguous for tensor in served),
     )
 
 

@@ -1,0 +1,110 @@
+"""The format seam without traps (docs/architecture.md, "Adding a format"): what a format leaves out is derived, not
+defaulted. A header says it holds gathered tensors because an entry is gathered; a header's format and its tensors'
+xattr namespace are the ``Format`` that read it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stfs import formats
+from stfs.formats import Format, Header, RangeFetcher, TensorEntry
+from stfs.model import Model, Shard
+from stfs.nodes import read_into
+from stfs.sources import LocalFiles
+from stfs.views import build_tree
+
+
+@dataclass(frozen=True, slots=True)
+class Transposed:
+    """A 2-D float32 tensor stored in Fortran order at ``start`` of its file: gathered into C order."""
+
+    start: int
+    shape: tuple[int, int]
+
+    @property
+    def offset(self) -> int:
+        return self.start
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.start, 4 * self.shape[0] * self.shape[1]
+
+    def read_into(self, read: formats.base.Read, begin: int, view: memoryview) -> None:
+        stored = np.frombuffer(read(*self.span), dtype=np.float32).reshape(self.shape, order="F")
+        view[:] = np.ascontiguousarray(stored).tobytes()[begin : begin + len(view)]
+
+
+@dataclass(frozen=True, slots=True)
+class TransposedEntry(TensorEntry):
+    transposed: Transposed | None = None
+
+    @property
+    def scattered(self) -> Transposed | None:
+        return self.transposed
+
+
+class Plain(Format):
+    """A format as a newcomer writes it: ``Header`` and ``TensorEntry`` without ``format=`` or a namespace; its file is
+    a Fortran-order float32 array of shape ``SHAPE`` after a 16-byte magic."""
+
+    name = "plain"
+    title = "plain"
+    SHAPE = (3, 5)
+
+    def sniff(self, head: bytes) -> bool:
+        return head.startswith(b"PLAIN")
+
+    def read_header(
+        self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
+    ) -> Header:
+        entry = TransposedEntry("w", "F32", self.SHAPE, 16, file_size, Transposed(16, self.SHAPE))
+        return Header(path, file_size, mtime_ns, (entry,), {}, b"", data_start=0, json_made=b"{}")
+
+
+def plain_file(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    array = np.arange(15, dtype=np.float32).reshape(Plain.SHAPE)
+    path = tmp_path / "w.plain"
+    path.write_bytes(b"PLAIN".ljust(16, b"\0") + np.asfortranarray(array).tobytes(order="F"))
+    return path, array
+
+
+def read_plain(path: Path) -> Header:
+    data = path.read_bytes()
+    return formats.read_with(
+        Plain(), lambda offset, size: data[offset : offset + size], path=str(path), file_size=len(data)
+    )
+
+
+def test_a_header_holding_a_gathered_tensor_says_so_and_its_file_is_gathered_in_c_order(tmp_path: Path) -> None:
+    path, array = plain_file(tmp_path)
+    data = path.read_bytes()
+    header = Plain().read_header(lambda offset, size: data[offset : offset + size], path=str(path), file_size=len(data))
+    assert header.scattered  # derived from its entry, though the format never said it
+    model = Model("", str(path), {}, (Shard(path.name, header),))
+    tree = build_tree([model])
+    node = tree.lookup("/tensors/w")
+    assert node is not None and not hasattr(node, "children")
+    source = LocalFiles()
+    try:
+        buffer = bytearray(node.size)  # type: ignore[union-attr]
+        read_into(node, 0, memoryview(buffer), source.read_into)  # type: ignore[arg-type]
+    finally:
+        source.close()
+    assert bytes(buffer) == array.tobytes()  # C order, not the file's Fortran-order bytes
+
+
+def test_a_header_is_of_the_format_that_read_it_and_its_xattrs_are_named_after_it(tmp_path: Path) -> None:
+    path, _ = plain_file(tmp_path)
+    header = read_plain(path)
+    assert header.format == "plain"
+    model = Model("", str(path), {}, (Shard(path.name, header),))
+    node = build_tree([model]).lookup("/tensors/w")
+    from stfs.nodes import tensor_xattrs
+
+    names = sorted(tensor_xattrs(node))  # type: ignore[arg-type]
+    assert names == [f"user.plain.{name}" for name in ("dtype", "file", "name", "offset", "shape")]
+    assert os.path.basename(tensor_xattrs(node)["user.plain.file"].decode()) == "w.plain"  # type: ignore[arg-type]
