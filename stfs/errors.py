@@ -139,6 +139,13 @@ class RuleError(FormatError):
         StfsError.__init__(self, f"{where}{rule} ({type(self).__name__}): {detail}")
 
 
+class TruncatedFile(RuleError):
+    """The file ends before something its own structure says is there (``formats.base.read_exact``); a format may
+    word it as its own error (a checkpoint's ``CheckpointTruncated``)."""
+
+    rule_text = "bytes inside the file"
+
+
 class GgufError(RuleError):
     """A GGUF file breaks a rule of llama.cpp's reader (README.md, "GGUF"); ``rule`` names it in a few words."""
 

@@ -108,3 +108,45 @@ def test_a_header_is_of_the_format_that_read_it_and_its_xattrs_are_named_after_i
     names = sorted(tensor_xattrs(node))  # type: ignore[arg-type]
     assert names == [f"user.plain.{name}" for name in ("dtype", "file", "name", "offset", "shape")]
     assert os.path.basename(tensor_xattrs(node)["user.plain.file"].decode()) == "w.plain"  # type: ignore[arg-type]
+
+
+def test_the_zip_reader_is_every_formats_and_its_refusals_name_no_format(tmp_path: Path) -> None:
+    """``formats.zip`` reads any zip (here one Python's zipfile wrote) by range, and refuses in neutral words that the
+    calling format rewords; ``base.read_exact`` refuses a short file as ``errors.TruncatedFile``."""
+    import zipfile
+
+    from stfs import errors
+    from stfs.formats import zip
+    from stfs.formats.base import read_exact
+
+    path = tmp_path / "a.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("one.txt", b"first", compress_type=zipfile.ZIP_STORED)
+        archive.writestr("two.txt", b"second" * 100, compress_type=zipfile.ZIP_DEFLATED)
+    data = path.read_bytes()
+
+    def read(offset: int, size: int) -> bytes:
+        return data[offset : offset + size]
+
+    assert zip.first_member(data[:64]) == "one.txt"
+    entries, start = zip.directory(read, len(data), str(path))
+    assert [entry.name for entry in entries] == ["one.txt", "two.txt"] and start < len(data)
+    [(offset, first)] = zip.local_headers(read, read_many(read), entries[:1], [5], [len(data)], start, str(path))
+    assert data[offset : offset + 5] == first == b"first"
+    zip.check_stored(entries[0], str(path))
+    try:
+        zip.check_stored(entries[1], str(path))
+    except zip.EntryNotStored as exc:
+        assert "two.txt" in exc.message and "torch" not in exc.message.lower()
+    else:
+        raise AssertionError("a deflated entry is not stored")
+    try:
+        read_exact(read, len(data) - 4, 8, str(path))
+    except errors.TruncatedFile as exc:
+        assert str(path) in exc.message and "checkpoint" not in exc.message.lower()
+    else:
+        raise AssertionError("a short read")
+
+
+def read_many(read: RangeFetcher) -> formats.base.ReadMany:
+    return lambda ranges: [read(offset, size) for offset, size in ranges]

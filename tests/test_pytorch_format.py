@@ -25,6 +25,7 @@ from safetensors.torch import save as safetensors_save
 
 from stfs import errors
 from stfs.formats import pytorch
+from stfs.formats.base import COALESCE_GAP
 from tests import checkpoints as ck
 
 pytestmark = pytest.mark.timeout(120)
@@ -622,7 +623,7 @@ def test_a_64_mib_checkpoint_costs_under_1_mib_of_reads() -> None:
     # and no read reaches into a large storage's bytes
     for tensor in checkpoint.tensors:
         if tensor.storage_size > 64 << 10:
-            start, end = tensor.storage_start + pytorch.COALESCE_GAP, tensor.storage_start + tensor.storage_size
+            start, end = tensor.storage_start + COALESCE_GAP, tensor.storage_start + tensor.storage_size
             assert all(o + n <= start or o >= end for o, n in reader.ranges), tensor.name
 
 

@@ -9,7 +9,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .. import errors
+
 RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
+# Several (offset, size) ranges -> their bytes, in order: where reads are costly (a remote source), the caller may
+# issue them at once (a fetch's ``many``); without one, they are read one after another.
+ReadMany = Callable[[Sequence[tuple[int, int]]], Sequence[bytes]]
+
+COALESCE_GAP = 4096  # two ranges closer than this are read as one (``read_ranges``)
 
 
 class Read(Protocol):
@@ -223,3 +230,37 @@ def header_json(tensors: Sequence[TensorEntry], metadata: Mapping[str, str]) -> 
         }
         begin += entry.size
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
+def read_exact(read: RangeFetcher, offset: int, size: int, path: str) -> bytes:
+    """Exactly ``size`` bytes of ``path`` from ``offset``; ``errors.TruncatedFile`` where the file ends before (a
+    format words it as its own error where it likes)."""
+    data = read(offset, size) if size > 0 else b""
+    if len(data) < size:
+        raise errors.TruncatedFile(path, f"file ends at byte {offset + len(data)}, inside bytes {offset}+{size}")
+    return bytes(data)
+
+
+def read_ranges(many: ReadMany, ranges: Sequence[tuple[int, int]], path: str) -> list[bytes]:
+    """The bytes of each ``(offset, size)``, all asked for at once; ranges closer than ``COALESCE_GAP`` are one read;
+    ``errors.TruncatedFile`` where the file ends before one."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    groups: list[tuple[int, int, list[int]]] = []  # start, end, the ranges it holds
+    for i in order:
+        start, end = ranges[i][0], sum(ranges[i])
+        if groups and start <= groups[-1][1] + COALESCE_GAP:
+            first, last, members = groups[-1]
+            groups[-1] = (first, max(last, end), [*members, i])
+        else:
+            groups.append((start, end, [i]))
+    blocks = many([(start, end - start) for start, end, _ in groups]) if groups else []
+    out: list[bytes] = [b""] * len(ranges)
+    for (start, end, members), block in zip(groups, blocks, strict=True):
+        if len(block) < end - start:
+            raise errors.TruncatedFile(
+                path, f"file ends at byte {start + len(block)}, inside bytes {start}+{end - start}"
+            )
+        for k in members:
+            offset, size = ranges[k]
+            out[k] = bytes(block[offset - start : offset - start + size])
+    return out

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import errors
-from ..base import RangeFetcher, encodable
+from ..base import RangeFetcher, encodable, read_ranges
 from ..pytorch import read_checkpoint, zip_object
 from ..pytorch.checkpoint import Tensor
-from ..pytorch.reads import read_ranges
 from ..pytorch.values import describe
 from .metadata import Chunk, Stored
 

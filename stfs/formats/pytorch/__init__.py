@@ -19,7 +19,8 @@ Two layouts, as ``torch.serialization`` writes them:
 The tar format of torch 0.x and TorchScript archives are refused. Learnt from torch's
 ``_weights_only_unpickler.py`` and ``serialization.py`` and candle's ``pickle.rs``; a copy of neither.
 
-One job a module, in the order the bytes flow: ``reads`` (the ``Read`` callables, checked), ``unpickler`` (the
+One job a module, in the order the bytes flow (through ``formats.base``'s ``read_exact`` and ``formats.zip``, whose
+refusals are worded as a checkpoint's, ``zip_archive.WORDS``): ``unpickler`` (the
 opcode loop and its bounds) making ``values`` (names, opaque calls, storages, tensors) through ``calls`` (what
 the rebuild functions, storage classes, ``OrderedDict`` mean) and ``allowed`` (torch's dtypes, storage classes
 and weights_only allow-list, as data); ``naming`` (the walk naming tensors by their path of keys),
@@ -54,31 +55,28 @@ import hashlib
 from dataclasses import dataclass
 
 from ... import errors
-from ..base import Format, Header, RangeFetcher, TensorEntry
+from .. import zip
+from ..base import Format, Header, RangeFetcher, Read, ReadMany, TensorEntry, read_exact
 from .allowed import DCP_GLOBALS, IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
 from .gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
 from .legacy import LEGACY_FIRST_READ, LEGACY_MAGIC, LEGACY_MAGIC_LONG, LEGACY_PROTOCOL, read_legacy
 from .naming import MAX_NAME, MAX_NAME_CHARS, MAX_WALK_STEPS
-from .reads import COALESCE_GAP, Read, ReadMany, read_exact
 from .unpickler import MAX_INLINE, MAX_LINE, MAX_MEMO, MAX_NESTING, MAX_OPCODES, WINDOW
 from .writer import SafetensorsFile, header_json, safetensors_file, safetensors_header
-from .zip_archive import HEADER_SLACK, MAX_DIRECTORY, MAX_ZIP_ENTRIES, TAIL_READ, read_zip, zip_object
+from .zip_archive import WORDS, read_zip, zip_object
 
 __all__ = [
-    "COALESCE_GAP",
     "DCP_GLOBALS",
     "GATHER_ELEMENTS",
     "GATHER_GAP",
     "GATHER_WINDOW",
-    "HEADER_SLACK",
     "IMPORT_MAPPING",
     "LEGACY_FIRST_READ",
     "LEGACY_MAGIC",
     "LEGACY_MAGIC_LONG",
     "LEGACY_PROTOCOL",
-    "MAX_DIRECTORY",
     "MAX_INLINE",
     "MAX_LINE",
     "MAX_MEMO",
@@ -88,18 +86,14 @@ __all__ = [
     "MAX_OPCODES",
     "MAX_REBUILD_NESTING",
     "MAX_WALK_STEPS",
-    "MAX_ZIP_ENTRIES",
     "NAME_MAPPING",
     "STORAGE_DTYPES",
-    "TAIL_READ",
     "TORCH_DTYPES",
     "WEIGHTS_ONLY_GLOBALS",
     "WINDOW",
     "Checkpoint",
     "LeftOut",
     "PytorchEntry",
-    "Read",
-    "ReadMany",
     "SafetensorsFile",
     "Tensor",
     "detect",
@@ -131,7 +125,7 @@ def detect(head: bytes) -> str | None:
 
 
 def read_checkpoint(
-    read: Read,
+    read: RangeFetcher,
     size: int,
     *,
     path: str = "<checkpoint>",
@@ -144,13 +138,14 @@ def read_checkpoint(
     least 512 of them or the whole file; else they are read. ``read_many``: see ``ReadMany``.
     """
     many = read_many or (lambda ranges: [read(offset, length) for offset, length in ranges])
-    if head is None or len(head) < min(size, 512):
-        head = read_exact(read, 0, min(size, 512), path)
-    kind = detect(head)
-    if kind == "zip":
-        return read_zip(read, many, size, path)
-    if kind == "legacy":
-        return read_legacy(read, many, size, path, head)
+    with zip.reworded(path, WORDS):
+        if head is None or len(head) < min(size, 512):
+            head = read_exact(read, 0, min(size, 512), path)
+        kind = detect(head)
+        if kind == "zip":
+            return read_zip(read, many, size, path)
+        if kind == "legacy":
+            return read_legacy(read, many, size, path, head)
     if kind == "tar":
         raise errors.LegacyTarCheckpoint(
             path, "the tar format of PyTorch 0.x, which stfs does not read: re-save it with a current torch"

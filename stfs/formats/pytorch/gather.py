@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..base import RangeFetcher as Read
+from ..base import read_exact
 from .checkpoint import Tensor
-from .reads import Read, read_exact
 
 GATHER_WINDOW = 8 << 20  # the most bytes of a storage one read of a strided tensor asks for
 GATHER_GAP = 64 << 10  # elements further apart than this are read apart (a gap costs more than another read)

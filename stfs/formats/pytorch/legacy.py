@@ -7,10 +7,11 @@ from __future__ import annotations
 import struct
 
 from ... import errors
+from ..base import RangeFetcher as Read
+from ..base import ReadMany, read_ranges
 from .allowed import TORCH_DTYPES
 from .checkpoint import Checkpoint, StorageBytes, make_checkpoint
 from .naming import Walker, model_leaves
-from .reads import Read, ReadMany, read_ranges
 from .unpickler import Interpreter, Stream
 from .values import describe
 

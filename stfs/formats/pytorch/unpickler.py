@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import errors
+from ..base import RangeFetcher as Read
+from ..base import read_exact
 from .allowed import IMPORT_MAPPING, NAME_MAPPING
 from .calls import build_tensor, call, new, persistent
-from .reads import Read, read_exact
 from .values import Global, Large, Object, Set, StorageRef, TensorRef, describe, dict_key
 
 # Bounds of the pickle reader (SPEC §12): past one, the file is invalid input.
