@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import stfs
+from stfs import formats
 from stfs.cli import main
 from tests.helpers import run
 from tests.models import rich_arrays, sharded_arrays, write_header, write_numpy, write_raw, write_sharded
@@ -538,4 +539,4 @@ def test_check_an_empty_folder(tmp_path: Path) -> None:
     result = stfs_run("check", str(tmp_path))
     assert result.returncode == 1
     [line] = lines(result.stdout)
-    assert line.startswith(f"{tmp_path}: no .safetensors or .gguf or .bin")
+    assert line.startswith(f"{tmp_path}: no {' or '.join(formats.MODEL_SUFFIXES)} file")

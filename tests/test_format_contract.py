@@ -222,10 +222,27 @@ def test_a_file_cut_short_is_refused_in_one_line(tmp_path: Path, kind: str, cut:
     assert check.returncode == 1 and str(source) in check.stdout + check.stderr
 
 
-def test_a_file_of_no_format_names_the_formats_stfs_reads(tmp_path: Path, require_fuse: None) -> None:
-    source = tmp_path / "model.h5"
-    source.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))  # a Keras model: HDF5's signature
+def every_title() -> str:
+    """The formats stfs reads as a message lists them: every ``Format.title`` in ``formats.REGISTRY``'s order."""
+    titles = [formats.named(module).title for module, _, _ in formats.REGISTRY]
+    return ", ".join(titles[:-1]) + " or " + titles[-1]
+
+
+def no_format_file(source: Path) -> Path:
+    if source.suffix == ".h5":
+        source.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))  # a Keras model: HDF5's signature
+    else:  # a zip of notes: a zip-based format's sniff looks at its members, not at the zip's signature alone
+        import zipfile
+
+        with zipfile.ZipFile(source, "w") as archive:
+            archive.writestr("notes/readme.txt", "not a model")
+    return source
+
+
+@pytest.mark.parametrize("name", ["model.h5", "notes.zip"])
+def test_a_file_of_no_format_names_the_formats_stfs_reads(tmp_path: Path, require_fuse: None, name: str) -> None:
+    source = no_format_file(tmp_path / name)
     result = refusal(source, tmp_path)
     assert result.returncode == 1
     line = one_line(result, source)
-    assert "safetensors, GGUF, PyTorch checkpoint, ONNX or DCP .metadata" in line and "rule" not in line
+    assert f"not a model stfs reads (a {every_title()} file)" in line and "rule" not in line

@@ -4,6 +4,7 @@ xattr namespace are the ``Format`` that read it."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from stfs.model import Model, Shard
 from stfs.nodes import read_into
 from stfs.sources import LocalFiles
 from stfs.views import build_tree
+from tests.helpers import MountFn, refusal, stfs_command
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,3 +152,30 @@ def test_the_zip_reader_is_every_formats_and_its_refusals_name_no_format(tmp_pat
 
 def read_many(read: RangeFetcher) -> formats.base.ReadMany:
     return lambda ranges: [read(offset, size) for offset, size in ranges]
+
+
+def test_a_file_its_format_refuses_beside_a_model_is_left_in_files_and_the_model_mounts(
+    tmp_path: Path, mount: MountFn
+) -> None:
+    """One bad file does not fail a folder: it is named in a warning, stays in ``files/``, and the model that mounts
+    is the mount's one model, at its root; a folder of refused files alone fails in one line."""
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    save_file({"w": np.arange(3, dtype=np.float32)}, str(folder / "model.safetensors"))
+    (folder / "broken.gguf").write_bytes(b"GGUF" + bytes(6))  # cut short inside its header
+    mnt = mount(str(folder))
+    assert Path(mnt, "tensors", "w").read_bytes() == np.arange(3, dtype=np.float32).tobytes()
+    assert Path(mnt, "files", "broken.gguf").read_bytes() == (folder / "broken.gguf").read_bytes()
+    info = stfs_command("info", "--json", str(folder))
+    assert info.returncode == 0, info.stderr
+    [warning] = info.stderr.strip().splitlines()
+    assert "broken.gguf" in warning and "files/" in warning
+    assert [model["name"] for model in json.loads(info.stdout)["models"]] == [""]
+
+    (folder / "model.safetensors").write_bytes(b"\x08" + bytes(7) + b"{}")  # refused too: a header shorter than said
+    result = refusal(folder, tmp_path)
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert str(folder) in line and "Traceback" not in result.stderr

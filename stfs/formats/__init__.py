@@ -41,6 +41,12 @@ __all__ = [
 
 # Each format: its module here, the file names it claims in a folder, and the names of its index files (a JSON
 # ``weight_map`` of tensor -> shard file, as transformers writes it).
+#
+# The order is the order of ``identify``'s sniffs (a file whose name no format claims: the first format whose
+# ``sniff`` accepts its first bytes reads it), and of the formats a message lists. A sniff accepts only what its
+# format's writer makes: two formats whose files are zips (a torch.save archive, NumPy's .npz) each look at the
+# first entry's name (``zip.first_member``), not at the zip's signature alone, so either may come first. A new
+# format goes at the end unless its sniff is narrower than one before it.
 REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("safetensors", (".safetensors",), (".safetensors.index.json",)),
     ("gguf", (".gguf",), ()),

@@ -233,6 +233,9 @@ def safetensors_name(path: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
+TORCH_FIRST = frozenset(("data.pkl", "constants.pkl", "version", ".format_version", "byteorder"))
+
+
 class _Pytorch(Format):
     name = "pytorch"
     title = "PyTorch checkpoint"
@@ -240,7 +243,14 @@ class _Pytorch(Format):
     confirm_in_folder = True  # any .bin: a checkpoint only if its first bytes are one's
 
     def sniff(self, head: bytes) -> bool:
-        return detect(head) is not None
+        """Its first bytes: a legacy file's pickle, a torch 0.x tar; a zip only where its first entry is one torch
+        writes in its top folder (``archive/data.pkl``; a TorchScript archive's ``data/0``, refused by its rule):
+        not any zip."""
+        kind = detect(head)
+        if kind != "zip":
+            return kind is not None
+        _, slash, inside = (zip.first_member(head) or "").partition("/")
+        return bool(slash) and (inside in TORCH_FIRST or inside.startswith(("data/", "code/")))
 
     def read_header(
         self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
