@@ -53,6 +53,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("pytorch", (".bin", ".pt", ".pth", ".ckpt"), (".bin.index.json",)),
     ("onnx", (".onnx",), ()),
     ("dcp", (".metadata",), ()),  # a folder's .metadata: a torch.distributed.checkpoint, its .distcp files beside it
+    ("npz", (".npz", ".npy"), ()),
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)

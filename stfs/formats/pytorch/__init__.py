@@ -25,8 +25,8 @@ opcode loop and its bounds) making ``values`` (names, opaque calls, storages, te
 the rebuild functions, storage classes, ``OrderedDict`` mean) and ``allowed`` (torch's dtypes, storage classes
 and weights_only allow-list, as data); ``naming`` (the walk naming tensors by their path of keys),
 ``checkpoint`` (``Tensor``, ``Checkpoint``: each tensor placed in its storage), ``zip_archive`` and ``legacy``
-(the two layouts), ``writer`` (the equivalent safetensors file), ``gather`` (a strided tensor's bytes in C
-order); this module picks the layout and is the format seam (``fetch_header``).
+(the two layouts), ``writer`` (the equivalent safetensors file); a strided tensor's bytes are put in C order by
+``formats.gather``. This module picks the layout and is the format seam (``fetch_header``).
 
 Choices where SPEC §12 is silent:
 
@@ -57,10 +57,10 @@ from dataclasses import dataclass
 from ... import errors
 from .. import zip
 from ..base import Format, Header, RangeFetcher, Read, ReadMany, TensorEntry, read_exact
+from ..gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
 from .allowed import DCP_GLOBALS, IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
-from .gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
 from .legacy import LEGACY_FIRST_READ, LEGACY_MAGIC, LEGACY_MAGIC_LONG, LEGACY_PROTOCOL, read_legacy
 from .naming import MAX_NAME, MAX_NAME_CHARS, MAX_WALK_STEPS
 from .unpickler import MAX_INLINE, MAX_LINE, MAX_MEMO, MAX_NESTING, MAX_OPCODES, WINDOW
