@@ -11,7 +11,7 @@ bytes), one range of another file of its folder (external data, ``TensorEntry.fi
 fields (``int32_data`` for float16, ...), made at mount as ``numpy_helper.to_array`` makes them and held in memory
 (``Held``; a bounded total of them).
 
-Refused in one line naming the file, the tensor and the rule (``errors.OnnxError``): a truncated or malformed
+Refused in one line naming the file, the tensor and the rule (``OnnxError``): a truncated or malformed
 protobuf, an unknown ``data_type``, negative ``dims``, bytes that are not ``dims`` times the type's size, external
 data without a ``location`` or outside the model's folder; ``model`` then checks each external data file is there
 and holds its tensors. A tensor of a type safetensors lacks (string, complex128, 2- and 4-bit integers) is left out
@@ -31,6 +31,77 @@ from typing import Any
 from .. import errors
 from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable, header_json
 from .dtypes import DTYPE_BITS
+
+# -- the rules, one error each (SPEC §13, docs/onnx.md) ----------------------------------------------------------------
+
+
+class OnnxError(errors.RuleError):
+    """An ONNX model is refused (SPEC §13): its protobuf is broken, or a tensor breaks a rule of onnx's reader.
+
+    ``rule_text`` names the rule in a few words; the message names the file, the tensor where there is one, and why.
+    """
+
+    rule_text = "invalid ONNX model"
+    format_name = "ONNX"
+
+
+class OnnxUnavailable(OnnxError):
+    """The ``onnx`` package, which decodes an ONNX model's messages, is not installed."""
+
+    rule_text = "needs the onnx package"
+    refutes_format = True  # a folder's .onnx file is then left in files/, not a model
+
+
+class TruncatedProtobuf(OnnxError):
+    """A field's length or a varint runs past the end of the message holding it, or of the file."""
+
+    rule_text = "protobuf inside the file"
+
+
+class InvalidProtobuf(OnnxError):
+    """The bytes are not protobuf as onnx's messages are: a wire type or field number protobuf has not, a varint
+    over 10 bytes, messages nested past protobuf's limit, a message the onnx package refuses to decode."""
+
+    rule_text = "protobuf"
+
+
+class UnknownDataType(OnnxError):
+    """A tensor's ``data_type`` is not one of ``TensorProto.DataType`` (or is ``UNDEFINED``)."""
+
+    rule_text = "known data_type"
+
+
+class InvalidDims(OnnxError):
+    """A tensor's ``dims`` hold a negative number, or their product overflows 64 bits."""
+
+    rule_text = "dims"
+
+
+class TensorLengthMismatch(OnnxError):
+    """A tensor's bytes (``raw_data``, the ``length`` of its external data, the values of its typed field) are not
+    its ``dims`` times its type's size."""
+
+    rule_text = "length of dims x the type's size"
+
+
+class InvalidExternalData(OnnxError):
+    """A tensor whose ``data_location`` is ``EXTERNAL`` lacks a ``location``, or its ``offset`` or ``length`` is not
+    a non-negative integer."""
+
+    rule_text = "external data"
+
+
+class LocationOutsideFolder(OnnxError):
+    """An external data ``location`` is absolute, empty, or climbs out of the model's folder with ``..``."""
+
+    rule_text = "external data inside the model's folder"
+
+
+class TypedDataTooLarge(OnnxError):
+    """The tensors a model keeps in typed fields (``int32_data``, ...) would need more than stfs holds in memory."""
+
+    rule_text = "typed fields within bounds"
+
 
 # Bytes read at once while walking the framing: a window after a jump over a payload, doubled while the walk reads
 # on from where the last ended (the nodes of a large graph), up to the most. A payload past a window is not read.
@@ -88,7 +159,7 @@ def _onnx(path: str) -> Any:
         import onnx
         import onnx.numpy_helper  # noqa: F401 (to_array, used through the package)
     except ImportError as exc:
-        raise errors.OnnxUnavailable(
+        raise OnnxUnavailable(
             path, f"reading ONNX models needs the onnx package: pip install onnx (or stfs[onnx]) ({exc})"
         ) from None
     return onnx
@@ -113,7 +184,7 @@ class _Window:
         self.buffer = self.fetch(offset, max(count, min(self.window, self.size - offset)))
         self.at = offset
         if len(self.buffer) < count:
-            raise errors.TruncatedProtobuf(self.path, f"the file ended at byte {offset + len(self.buffer)}")
+            raise TruncatedProtobuf(self.path, f"the file ended at byte {offset + len(self.buffer)}")
 
     def get(self, offset: int, count: int) -> bytes:
         """The ``count`` bytes from ``offset`` (inside the file: the walk checked it)."""
@@ -139,8 +210,8 @@ class _Window:
                 return value, self.at + index
             shift += 7
             if shift >= 70:
-                raise errors.InvalidProtobuf(self.path, f"the varint at byte {offset} is longer than 10 bytes")
-        raise errors.TruncatedProtobuf(self.path, f"the varint at byte {offset} runs past the end of its message")
+                raise InvalidProtobuf(self.path, f"the varint at byte {offset} is longer than 10 bytes")
+        raise TruncatedProtobuf(self.path, f"the varint at byte {offset} runs past the end of its message")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,15 +255,15 @@ class _Walker:
             elif wire == 1 or wire == 5:
                 stop = at + (8 if wire == 1 else 4)
             else:
-                raise errors.InvalidProtobuf(
+                raise InvalidProtobuf(
                     self.path,
                     f"field {number} at byte {position} has wire type {wire}, which onnx's messages never use",
                 )
             if number == 0:
-                raise errors.InvalidProtobuf(self.path, f"the field at byte {position} has the number 0")
+                raise InvalidProtobuf(self.path, f"the field at byte {position} has the number 0")
             if stop > end:
                 whole = "the file" if end == self.window.size else "its message"
-                raise errors.TruncatedProtobuf(
+                raise TruncatedProtobuf(
                     self.path, f"field {number} at byte {position} runs to byte {stop}, past the end of {whole} ({end})"
                 )
             yield number, wire, position, at, stop
@@ -203,7 +274,7 @@ class _Walker:
 
     def nested(self, depth: int) -> None:
         if depth > MAX_NESTING:
-            raise errors.InvalidProtobuf(self.path, f"messages nest more than {MAX_NESTING} deep, protobuf's limit")
+            raise InvalidProtobuf(self.path, f"messages nest more than {MAX_NESTING} deep, protobuf's limit")
 
     def model(self) -> None:
         for number, wire, field, at, stop in self.fields(0, self.window.size):
@@ -360,25 +431,25 @@ class _Tensors:
         try:
             return self.onnx.TensorProto.FromString(kept)
         except Exception as exc:  # google.protobuf's DecodeError, or a RecursionError
-            raise errors.InvalidProtobuf(self.path, f"the onnx package cannot decode {what}: {exc}") from None
+            raise InvalidProtobuf(self.path, f"the onnx package cannot decode {what}: {exc}") from None
 
     def add(self, found: _Found) -> None:
         proto = self.decode(found.kept, f"the tensor at byte {found.start}")
         name = found.output or _string(proto.name)
         if not encodable(name):
-            raise errors.InvalidProtobuf(self.path, f"tensor name {name!r} is not UTF-8, as protobuf's strings are")
+            raise InvalidProtobuf(self.path, f"tensor name {name!r} is not UTF-8, as protobuf's strings are")
         data_type = found.data_type
         names = self.onnx.TensorProto.DataType
         if data_type is None or data_type == 0 or data_type not in names.values():
             shown = "missing" if data_type is None else f"{data_type}" + (" (UNDEFINED)" if data_type == 0 else "")
-            raise errors.UnknownDataType(self.path, f"data_type {shown} is not one of onnx's", name)
+            raise UnknownDataType(self.path, f"data_type {shown} is not one of onnx's", name)
         type_name = names.Name(data_type)
         dims = list(proto.dims)
         if any(dim < 0 for dim in dims):
-            raise errors.InvalidDims(self.path, f"dims {dims} hold a negative number", name)
+            raise InvalidDims(self.path, f"dims {dims} hold a negative number", name)
         count = math.prod(dims)
         if count > U64_MAX:
-            raise errors.InvalidDims(self.path, f"dims {dims} hold more than 2^64 values", name)
+            raise InvalidDims(self.path, f"dims {dims} hold more than 2^64 values", name)
         external = None
         if proto.HasField("data_location") and proto.data_location == EXTERNAL:
             external = self.external(proto, name)  # every location is checked: files/ shows every data file
@@ -399,12 +470,12 @@ class _Tensors:
         if external is not None:
             location, offset, length = external
             if length is not None and length != size:
-                raise errors.TensorLengthMismatch(self.path, f"its external data's length is {length}; {need}", name)
+                raise TensorLengthMismatch(self.path, f"its external data's length is {length}; {need}", name)
             self.entries.append(OnnxEntry(*common, offset, offset + size, type_name, location))
         elif found.raw is not None:
             begin, end = found.raw
             if end - begin != size:
-                raise errors.TensorLengthMismatch(self.path, f"raw_data is {end - begin} bytes; {need}", name)
+                raise TensorLengthMismatch(self.path, f"raw_data is {end - begin} bytes; {need}", name)
             self.entries.append(OnnxEntry(*common, begin, end, type_name))
         else:
             self.typed(found, proto, common, count, size, type_name)
@@ -419,12 +490,12 @@ class _Tensors:
         info = {_string(entry.key): _string(entry.value) for entry in proto.external_data}
         location = info.get("location")
         if not location:
-            raise errors.InvalidExternalData(self.path, "its data_location is EXTERNAL but it has no location", name)
+            raise InvalidExternalData(self.path, "its data_location is EXTERNAL but it has no location", name)
         parts = location.replace("\\", "/").split("/")
         if location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":") or ".." in parts:
-            raise errors.LocationOutsideFolder(self.path, f"location {location!r} is outside the model's folder", name)
+            raise LocationOutsideFolder(self.path, f"location {location!r} is outside the model's folder", name)
         if "\0" in location or posixpath.normpath(location) == ".":
-            raise errors.LocationOutsideFolder(self.path, f"location {location!r} names no file of its folder", name)
+            raise LocationOutsideFolder(self.path, f"location {location!r} names no file of its folder", name)
         numbers = []
         for key in ("offset", "length"):
             value = info.get(key)
@@ -433,7 +504,7 @@ class _Tensors:
             except ValueError:
                 number = -1
             if number is not None and number < 0:
-                raise errors.InvalidExternalData(self.path, f"{key} {value!r} is not a non-negative integer", name)
+                raise InvalidExternalData(self.path, f"{key} {value!r} is not a non-negative integer", name)
             numbers.append(number)
         return location, numbers[0] or 0, numbers[1]
 
@@ -452,7 +523,7 @@ class _Tensors:
             _, _, begin, end = runs[0]  # packed fixed-width values: already their little-endian bytes
             if end - begin != size:
                 width = 8 if data_type == DOUBLE else 4
-                raise errors.TensorLengthMismatch(
+                raise TensorLengthMismatch(
                     self.path, f"{field} holds {(end - begin) // width} values; {_values(common[2], type_name)}", name
                 )
             self.entries.append(OnnxEntry(*common, begin, end, type_name))
@@ -469,9 +540,7 @@ class _Tensors:
         if dtype == "F4":
             expected = (count + 1) // 2  # two values an int32, as raw_data packs them
         if held != expected:
-            raise errors.TensorLengthMismatch(
-                self.path, f"{field} holds {held} values; {_values(common[2], type_name)}", name
-            )
+            raise TensorLengthMismatch(self.path, f"{field} holds {held} values; {_values(common[2], type_name)}", name)
         self.held = self.hold(self.held + size, field, name)
         data = _packed(self.onnx.numpy_helper.to_array(whole), dtype)
         self.entries.append(
@@ -481,7 +550,7 @@ class _Tensors:
     def hold(self, total: int, field: str, name: str) -> int:
         """``total`` bytes of tensors from typed fields held in memory, if within ``HELD_LIMIT``."""
         if total > HELD_LIMIT:
-            raise errors.TypedDataTooLarge(
+            raise TypedDataTooLarge(
                 self.path,
                 f"its {field} and the typed fields before it take {total} bytes, more than the {HELD_LIMIT} stfs "
                 "holds in memory for a model: save it with raw_data (numpy_helper.from_array) or external data",
@@ -553,7 +622,7 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
     try:
         model = onnx.ModelProto.FromString(b"".join(walker.kept))
     except Exception as exc:  # google.protobuf's DecodeError
-        raise errors.InvalidProtobuf(path, f"the onnx package cannot decode the model's fields: {exc}") from None
+        raise InvalidProtobuf(path, f"the onnx package cannot decode the model's fields: {exc}") from None
     warnings = walker.warnings + tensors.warnings
     metadata = _metadata(model, path, warnings)
     entries = tensors.entries

@@ -2,7 +2,7 @@
 
 Pure: bytes come through ``read(offset, size)``, no I/O of its own. The checks run in the order llama.cpp's
 ``gguf_init_from_reader`` (``ggml/src/gguf.cpp``) reads the file, then the model loader's bound on each
-tensor's bytes; each refusal is its own ``errors.GgufError`` naming the file, the tensor and the rule.
+tensor's bytes; each refusal is its own ``GgufError`` naming the file, the tensor and the rule.
 
 A GGUF header has no length prefix: ``parse_header`` takes a prefix of the file and raises ``HeaderIncomplete``
 with a lower bound on the header's end when the prefix is too short; ``read_header`` grows the prefix so that

@@ -54,7 +54,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from ... import errors
 from .. import zip
 from ..base import Format, Header, RangeFetcher, Read, ReadMany, TensorEntry, read_exact
 from ..gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
@@ -63,6 +62,7 @@ from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
 from .legacy import LEGACY_FIRST_READ, LEGACY_MAGIC, LEGACY_MAGIC_LONG, LEGACY_PROTOCOL, read_legacy
 from .naming import MAX_NAME, MAX_NAME_CHARS, MAX_WALK_STEPS
+from .rules import LegacyTarCheckpoint, NotACheckpoint
 from .unpickler import MAX_INLINE, MAX_LINE, MAX_MEMO, MAX_NESTING, MAX_OPCODES, WINDOW
 from .writer import SafetensorsFile, header_json, safetensors_file, safetensors_header
 from .zip_archive import WORDS, read_zip, zip_object
@@ -132,7 +132,7 @@ def read_checkpoint(
     head: bytes | None = None,
     read_many: ReadMany | None = None,
 ) -> Checkpoint:
-    """Read and validate the checkpoint of ``size`` bytes behind ``read``; refusals raise ``errors.PytorchError``.
+    """Read and validate the checkpoint of ``size`` bytes behind ``read``; refusals raise ``PytorchError``.
 
     ``head``: the file's first bytes where the caller has them already (a remote source's first read), at
     least 512 of them or the whole file; else they are read. ``read_many``: see ``ReadMany``.
@@ -147,10 +147,10 @@ def read_checkpoint(
         if kind == "legacy":
             return read_legacy(read, many, size, path, head)
     if kind == "tar":
-        raise errors.LegacyTarCheckpoint(
+        raise LegacyTarCheckpoint(
             path, "the tar format of PyTorch 0.x, which stfs does not read: re-save it with a current torch"
         )
-    raise errors.NotACheckpoint(path, "neither a torch.save zip archive nor a legacy torch.save file")
+    raise NotACheckpoint(path, "neither a torch.save zip archive nor a legacy torch.save file")
 
 
 @dataclass(frozen=True, slots=True)

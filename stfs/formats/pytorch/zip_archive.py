@@ -14,13 +14,23 @@ from ..zip import Entry, EntryNotStored, Words, ZipError, check_stored, director
 from .allowed import TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .checkpoint import Checkpoint, StorageBytes, make_checkpoint, used_storages
 from .naming import Walker, model_leaves
+from .rules import (
+    BigEndianCheckpoint,
+    CheckpointTruncated,
+    CompressedEntry,
+    EntryOutsideArchive,
+    InvalidStorage,
+    InvalidZipArchive,
+    NotACheckpoint,
+    TorchScriptArchive,
+)
 from .unpickler import WINDOW, Interpreter, Stream
 
 # The shared readers' refusals (formats.zip, base.read_exact) as a checkpoint's.
 WORDS: Words = {
-    EntryNotStored: lambda path, detail: errors.CompressedEntry(path, f"{detail}; torch.save stores every entry"),
-    ZipError: errors.InvalidZipArchive,
-    errors.TruncatedFile: errors.CheckpointTruncated,
+    EntryNotStored: lambda path, detail: CompressedEntry(path, f"{detail}; torch.save stores every entry"),
+    ZipError: InvalidZipArchive,
+    errors.TruncatedFile: CheckpointTruncated,
 }
 
 
@@ -31,22 +41,22 @@ def _stored(entry: Entry, path: str) -> None:
 def _zip_layout(entries: list[Entry], path: str) -> tuple[str, dict[str, Entry]]:
     """The top folder and the entries by their name inside it; refusals for anything else in the archive."""
     if not entries:
-        raise errors.NotACheckpoint(path, "an empty zip archive")
+        raise NotACheckpoint(path, "an empty zip archive")
     top = entries[0].name.split("/", 1)[0]
     inside: dict[str, Entry] = {}
     for entry in entries:
         head, slash, rest = entry.name.partition("/")
         if head != top or not slash or ".." in rest.split("/") or not top:
-            raise errors.EntryOutsideArchive(path, f"entry {entry.name!r} is outside the top folder {top + '/'!r}")
+            raise EntryOutsideArchive(path, f"entry {entry.name!r} is outside the top folder {top + '/'!r}")
         if not rest or rest.endswith("/"):  # a folder entry: torch writes none, other zip writers do
             continue
         if rest in inside:
-            raise errors.InvalidZipArchive(path, f"entry {entry.name!r} appears twice")
+            raise InvalidZipArchive(path, f"entry {entry.name!r} appears twice")
         inside[rest] = entry
     if "constants.pkl" in inside or any(name.startswith("code/") for name in inside):
-        raise errors.TorchScriptArchive(path, "a TorchScript archive (torch.jit.save): code, not a checkpoint")
+        raise TorchScriptArchive(path, "a TorchScript archive (torch.jit.save): code, not a checkpoint")
     if "data.pkl" not in inside:
-        raise errors.NotACheckpoint(path, f"a zip archive without {top}/data.pkl")
+        raise NotACheckpoint(path, f"a zip archive without {top}/data.pkl")
     return top, inside
 
 
@@ -90,7 +100,7 @@ def _unpickle(read: Read, many: ReadMany, size: int, path: str) -> _Unpickled:
         path,
     )
     if order and order[0][1] != b"little":
-        raise errors.BigEndianCheckpoint(
+        raise BigEndianCheckpoint(
             path, f"its byteorder record says {order[0][1][:16]!r}: stfs reads little-endian checkpoints only"
         )
     pickle_size = wanted[0].size
@@ -107,12 +117,12 @@ def read_zip(read: Read, many: ReadMany, size: int, path: str) -> Checkpoint:
     for key, ref in used_storages(leaves).items():
         found_entry = inside.get(f"data/{key}")
         if found_entry is None:
-            raise errors.InvalidStorage(path, f"storage {key!r} has no entry {top}/data/{key}")
+            raise InvalidStorage(path, f"storage {key!r} has no entry {top}/data/{key}")
         entry = found_entry
         _stored(entry, path)
         itemsize = TORCH_DTYPES[ref.dtype][1] if ref.dtype is not None else 1
         if ref.numel * itemsize != entry.size:
-            raise errors.InvalidStorage(
+            raise InvalidStorage(
                 path,
                 f"storage {key!r} holds {ref.numel} x {ref.dtype} in the pickle, {entry.size} bytes in {entry.name}",
             )
