@@ -108,3 +108,16 @@ def test_no_format_names_its_tensors_xattr_namespace() -> None:
             if "namespace" in names or "namespace" in keywords:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert offenders == []
+
+
+def test_errors_py_holds_no_format_s_rule_errors() -> None:
+    """A format's rule errors live with the format (its module, or its package's ``rules.py``); ``stfs.errors`` keeps
+    the bases and what every format shares (a ``RuleError`` there names no format)."""
+    from stfs import errors
+
+    named = [
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.RuleError) and value.format_name
+    ]
+    assert named == []
