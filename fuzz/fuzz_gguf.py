@@ -233,8 +233,8 @@ def mutate(rng: random.Random, data: bytes, fields: list[tuple[int, int]], heade
 
 def check_case(data: bytes, scratch: str) -> dict[str, Any]:
     """Run the reader on ``data``; what happened, as a JSON-able dict."""
-    from stfs import errors
     from stfs.formats import gguf
+    from stfs.formats.gguf import rules as gguf_rules
 
     counts = {"requests": 0, "bytes": 0}
 
@@ -245,7 +245,7 @@ def check_case(data: bytes, scratch: str) -> dict[str, Any]:
 
     try:
         header = gguf.read_header(read, len(data), path="case.gguf")
-    except errors.GgufError as exc:
+    except gguf_rules.GgufError as exc:
         message = exc.message
         if "\n" in message or not message.startswith("case.gguf: "):
             return {"status": "finding", "why": f"refusal message not one line naming the file: {message!r}"}

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import __version__, errors
 from .csi import DEFAULT_STATE_DIR
-from .model import Model, discover, load
+from .model import Model, discover, load, load_all
 from .options import VIEWS, OptionError, positive_int, seconds, size_bytes, sort_options
 from .sources import ByteSource, named_source, open_source
 from .sources.base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, URL_SCHEMES, is_url
@@ -437,7 +437,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     for text in map(named_source, args.sources):
         source, key = open_source(text, timeout=args.timeout, plain_http=args.plain_http)
         try:
-            models += [load(model_source, source) for model_source in discover(key, source)]
+            models += load_all(discover(key, source), source)
         finally:
             source.close()
         if is_url(text):  # a RemoteFiles: what went over the wire

@@ -165,8 +165,10 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
         raise errors.UnreadableFile(f"{key}: cannot open: {exc.strerror or exc}") from exc
 
     fetch = _Fetcher(source, key)
-    read = formats.identify(key, fetch, info.size).read_header
-    header = read(fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read)
+    known = formats.identify(key, fetch, info.size)
+    header = formats.read_with(
+        known, fetch, path=key, file_size=info.size, mtime_ns=info.mtime_ns, first_read=source.first_read
+    )
     if header.other_files:
         _check_other_files(header, source)
     return header
@@ -375,9 +377,34 @@ def resolve(key: str, source: ByteSource | None = None, progress: Progress | Non
         source, key = LocalFiles(), os.path.abspath(key)
     progress = progress or Progress()
     try:
-        return [load(model_source, source, progress) for model_source in discover(key, source)]
+        return load_all(discover(key, source), source, progress)
     finally:
         progress.finish()
+
+
+def load_all(model_sources: list[ModelSource], source: ByteSource, progress: Progress | None = None) -> list[Model]:
+    """Every model of ``model_sources`` (``discover``'s), loaded. Of a folder's several, a file its format refuses
+    (a ``FormatError``: a compressed ``.npz`` of data beside a model) is left out with a warning, its file still in
+    ``files/``; the others mount (one that is left alone at the mount's root). Where every one is refused, the first
+    refusal is raised; a sharded or split set's refusal always is."""
+    if len(model_sources) == 1:
+        return [load(model_sources[0], source, progress)]
+    models: list[Model] = []
+    refused: list[errors.FormatError] = []
+    for model_source in model_sources:
+        try:
+            models.append(load(model_source, source, progress))
+        except errors.FormatError as exc:
+            if model_source.is_index or model_source.is_split:
+                raise
+            refused.append(exc)
+    if not models:
+        raise refused[0]
+    if refused:
+        notes = tuple(f"{exc.message}: not mounted (the file is in files/)" for exc in refused)
+        first = models[0]
+        models[0] = replace(first, name="" if len(models) == 1 else first.name, warnings=(*notes, *first.warnings))
+    return models
 
 
 def place(header: Header, entry: TensorEntry) -> tuple[str, int]:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import stfs
+from stfs import formats
 from stfs.cli import main
 from stfs.formats import REGISTRY, named
 from stfs.sources.base import URL_SCHEMES
@@ -596,4 +597,4 @@ def test_check_an_empty_folder(tmp_path: Path) -> None:
     result = stfs_run("check", str(tmp_path))
     assert result.returncode == 1
     [line] = lines(result.stdout)
-    assert line.startswith(f"{tmp_path}: no .safetensors or .gguf or .bin")
+    assert line.startswith(f"{tmp_path}: no {' or '.join(formats.MODEL_SUFFIXES)} file")

@@ -27,7 +27,9 @@ def write_safetensors(stem: Path, arrays: Arrays) -> Path:
     from safetensors.numpy import save_file
 
     path = stem.with_suffix(".safetensors")
-    save_file(arrays, str(path), metadata={"note": "written by safetensors"})
+    # safetensors stores an array's memory as it is: a Fortran-order one is given in C order, as its users must
+    contiguous = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
+    save_file(contiguous, str(path), metadata={"note": "written by safetensors"})
     return path
 
 
@@ -42,8 +44,19 @@ def write_pytorch(stem: Path, arrays: Arrays) -> Path:
     import torch
 
     path = stem.with_suffix(".pt")
-    torch.save({name: torch.from_numpy(array.copy()) for name, array in arrays.items()}, path)
+    torch.save({name: torch.from_numpy(kept(array)) for name, array in arrays.items()}, path)
     return path
+
+
+def write_npz(stem: Path, arrays: Arrays) -> Path:
+    path = stem.with_suffix(".npz")
+    np.savez(path, **arrays)
+    return path
+
+
+def kept(array: np.ndarray) -> np.ndarray:
+    """A writable copy in its own order: a Fortran-order array stays one (torch.from_numpy: a strided tensor)."""
+    return np.array(array, order="K", copy=True)
 
 
 def write_onnx(stem: Path, arrays: Arrays) -> Path:
@@ -66,7 +79,7 @@ def write_dcp(stem: Path, arrays: Arrays) -> Path:
 
     with warnings.catch_warnings():  # "torch.distributed is disabled ...: assuming ... a single process"
         warnings.simplefilter("ignore")
-        dcp.save({name: torch.from_numpy(array.copy()) for name, array in arrays.items()}, checkpoint_id=str(stem))
+        dcp.save({name: torch.from_numpy(kept(array)) for name, array in arrays.items()}, checkpoint_id=str(stem))
     return stem
 
 
@@ -76,6 +89,7 @@ WRITERS: dict[str, Writer] = {
     "pytorch": write_pytorch,
     "onnx": write_onnx,
     "dcp": write_dcp,
+    "npz": write_npz,
 }
 
 
@@ -89,6 +103,8 @@ def arrays(seed: int = 0) -> Arrays:
         "model.layers.0.weight": rng.standard_normal((4, 8)).astype(np.float32),
         "model.layers.0.bias": rng.standard_normal(16).astype(np.float16),
         "model.norm": rng.standard_normal((2, 3, 4)).astype(np.float32),
+        # a tensor whose bytes are not in C order where its writer keeps the order (torch.save, np.save): gathered
+        "model.layers.1.weight": np.asfortranarray(rng.standard_normal((3, 5)).astype(np.float32)),
     }
 
 
@@ -130,9 +146,9 @@ def test_every_tensor_is_a_file_of_its_bytes(tmp_path: Path, kind: str, mount: M
         file = Path(os.getxattr(path, f"user.{namespace}.file").decode())
         assert file in own_files(source)
         offset = int(os.getxattr(path, f"user.{namespace}.offset"))
-        with open(file, "rb") as stream:  # each of these writers stores a tensor's bytes at its offset
+        with open(file, "rb") as stream:  # each of these writers stores a tensor's bytes at its offset (in its order)
             stream.seek(offset)
-            assert stream.read(array.nbytes) == array.tobytes()
+            assert stream.read(array.nbytes) in (array.tobytes(order="C"), array.tobytes(order="F"))
     assert sorted(p.name for p in Path(mnt, "files").iterdir()) == [file.name for file in own_files(source)]
     for file in own_files(source):
         assert Path(mnt, "files", file.name).read_bytes() == file.read_bytes()
@@ -174,7 +190,7 @@ def test_info_and_check_read_the_header(tmp_path: Path, kind: str) -> None:
     tensors = {tensor["name"]: tensor for tensor in json.loads(info.stdout)["models"][0]["tensors"]}
     assert {name: tensors[name]["shape"] for name in tensors} == {n: list(a.shape) for n, a in arrays().items()}
     check = stfs_command("check", str(source))
-    assert check.returncode == 0 and "ok (3 tensors)" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and f"ok ({len(arrays())} tensors)" in check.stdout, check.stdout + check.stderr
 
 
 def test_check_values_names_a_nan(tmp_path: Path, kind: str) -> None:
@@ -222,10 +238,27 @@ def test_a_file_cut_short_is_refused_in_one_line(tmp_path: Path, kind: str, cut:
     assert check.returncode == 1 and str(source) in check.stdout + check.stderr
 
 
-def test_a_file_of_no_format_names_the_formats_stfs_reads(tmp_path: Path, require_fuse: None) -> None:
-    source = tmp_path / "model.h5"
-    source.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))  # a Keras model: HDF5's signature
+def every_title() -> str:
+    """The formats stfs reads as a message lists them: every ``Format.title`` in ``formats.REGISTRY``'s order."""
+    titles = [formats.named(module).title for module, _, _ in formats.REGISTRY]
+    return ", ".join(titles[:-1]) + " or " + titles[-1]
+
+
+def no_format_file(source: Path) -> Path:
+    if source.suffix == ".h5":
+        source.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))  # a Keras model: HDF5's signature
+    else:  # a zip of notes: a zip-based format's sniff looks at its members, not at the zip's signature alone
+        import zipfile
+
+        with zipfile.ZipFile(source, "w") as archive:
+            archive.writestr("notes/readme.txt", "not a model")
+    return source
+
+
+@pytest.mark.parametrize("name", ["model.h5", "notes.zip"])
+def test_a_file_of_no_format_names_the_formats_stfs_reads(tmp_path: Path, require_fuse: None, name: str) -> None:
+    source = no_format_file(tmp_path / name)
     result = refusal(source, tmp_path)
     assert result.returncode == 1
     line = one_line(result, source)
-    assert "safetensors, GGUF, PyTorch checkpoint, ONNX or DCP .metadata" in line and "rule" not in line
+    assert f"not a model stfs reads (a {every_title()} file)" in line and "rule" not in line

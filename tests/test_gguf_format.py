@@ -18,6 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 
 from stfs import errors
 from stfs.formats import gguf
+from stfs.formats.gguf import rules as gguf_rules
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parent.parent
@@ -299,10 +300,10 @@ def test_the_hand_made_file_is_valid_for_both_readers(tmp_path: Path) -> None:
     ]
 
 
-def refused(data: bytes, error: type[errors.GgufError], tensor: str | None = None) -> str:
+def refused(data: bytes, error: type[gguf_rules.GgufError], tensor: str | None = None) -> str:
     """``data`` must be refused with exactly ``error``: one line naming the file, the tensor and the rule."""
     path = "/models/broken.gguf"
-    with pytest.raises(errors.GgufError) as caught:
+    with pytest.raises(gguf_rules.GgufError) as caught:
         gguf.read_header(Counting(data), len(data), path=path)
     exc = caught.value
     assert type(exc) is error, f"{type(exc).__name__}: {exc}"
@@ -318,29 +319,29 @@ def refused(data: bytes, error: type[errors.GgufError], tensor: str | None = Non
 
 
 def test_magic() -> None:
-    assert "b'GGUX'" in refused(two_tensors(magic=b"GGUX"), errors.InvalidMagic)
+    assert "b'GGUX'" in refused(two_tensors(magic=b"GGUX"), gguf_rules.InvalidMagic)
 
 
 def test_too_short_for_the_magic() -> None:
-    refused(b"GGU", errors.GgufTruncated)
+    refused(b"GGU", gguf_rules.GgufTruncated)
 
 
 def test_version_0() -> None:
-    refused(two_tensors(version=0), errors.UnsupportedVersion)
+    refused(two_tensors(version=0), gguf_rules.UnsupportedVersion)
 
 
 def test_version_1_is_obsolete() -> None:
-    assert "obsolete" in refused(two_tensors(version=1), errors.ObsoleteVersion)
+    assert "obsolete" in refused(two_tensors(version=1), gguf_rules.ObsoleteVersion)
 
 
 def test_version_4() -> None:
-    assert "4" in refused(two_tensors(version=4), errors.UnsupportedVersion)
+    assert "4" in refused(two_tensors(version=4), gguf_rules.UnsupportedVersion)
 
 
 @pytest.mark.parametrize("version", [2, 3])
 def test_big_endian_file(version: int) -> None:
     swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
-    message = refused(two_tensors(version=swapped), errors.BigEndianFile)
+    message = refused(two_tensors(version=swapped), gguf_rules.BigEndianFile)
     assert "big-endian" in message and f"version {version}" in message
 
 
@@ -349,76 +350,78 @@ def test_version_2_is_read() -> None:
 
 
 def test_tensor_count_negative_as_i64() -> None:
-    refused(two_tensors(n_tensors=2**63), errors.InvalidCount)
+    refused(two_tensors(n_tensors=2**63), gguf_rules.InvalidCount)
 
 
 def test_kv_count_negative_as_i64() -> None:
-    refused(two_tensors(n_kv=2**64 - 1), errors.InvalidCount)
+    refused(two_tensors(n_kv=2**64 - 1), gguf_rules.InvalidCount)
 
 
 def test_kv_count_more_than_the_bytes_left_hold() -> None:
-    refused(two_tensors(n_kv=10**9), errors.InvalidCount)
+    refused(two_tensors(n_kv=10**9), gguf_rules.InvalidCount)
 
 
 def test_tensor_count_more_than_the_bytes_left_hold() -> None:
-    refused(two_tensors(n_tensors=10**12), errors.InvalidCount)
+    refused(two_tensors(n_tensors=10**12), gguf_rules.InvalidCount)
 
 
 def test_key_longer_than_1_gib() -> None:
-    assert "1 GiB" in refused(two_tensors(kvs=[string("k", 2**30 + 1)]), errors.StringTooLong)
+    assert "1 GiB" in refused(two_tensors(kvs=[string("k", 2**30 + 1)]), gguf_rules.StringTooLong)
 
 
 def test_key_longer_than_the_bytes_left() -> None:
-    refused(two_tensors(kvs=[string("k", 10**6) + b"k"]), errors.StringTooLong)
+    refused(two_tensors(kvs=[string("k", 10**6) + b"k"]), gguf_rules.StringTooLong)
 
 
 def test_string_value_longer_than_the_bytes_left() -> None:
-    refused(two_tensors(kvs=[kv("k", GGUFValueType.STRING, string("v", 10**6))]), errors.StringTooLong)
+    refused(two_tensors(kvs=[kv("k", GGUFValueType.STRING, string("v", 10**6))]), gguf_rules.StringTooLong)
 
 
 def test_empty_key() -> None:
-    refused(two_tensors(kvs=[kv_str("", "x")]), errors.EmptyKey)
+    refused(two_tensors(kvs=[kv_str("", "x")]), gguf_rules.EmptyKey)
 
 
 def test_duplicate_key() -> None:
-    assert "'a.b'" in refused(two_tensors(kvs=[kv_u32("a.b", 1), kv_u32("a.b", 2)]), errors.DuplicateKvKey)
+    assert "'a.b'" in refused(two_tensors(kvs=[kv_u32("a.b", 1), kv_u32("a.b", 2)]), gguf_rules.DuplicateKvKey)
 
 
 @pytest.mark.parametrize("kind", [13, 255, -1])
 def test_kv_type_outside_0_to_12(kind: int) -> None:
-    refused(two_tensors(kvs=[kv("k", kind, u32(0))]), errors.InvalidKvType)
+    refused(two_tensors(kvs=[kv("k", kind, u32(0))]), gguf_rules.InvalidKvType)
 
 
 def test_array_of_arrays() -> None:
     nested = kv_array("k", GGUFValueType.ARRAY, 1, i32(GGUFValueType.UINT8) + u64(1) + b"\x01")
-    assert "array of arrays" in refused(two_tensors(kvs=[nested]), errors.InvalidKvType)
+    assert "array of arrays" in refused(two_tensors(kvs=[nested]), gguf_rules.InvalidKvType)
 
 
 def test_array_of_an_unknown_type() -> None:
-    refused(two_tensors(kvs=[kv_array("k", 13, 1, b"\x00")]), errors.InvalidKvType)
+    refused(two_tensors(kvs=[kv_array("k", 13, 1, b"\x00")]), gguf_rules.InvalidKvType)
 
 
 def test_array_over_2_to_the_30_elements() -> None:
-    assert "2^30" in refused(two_tensors(kvs=[kv_array("k", GGUFValueType.UINT8, 2**30 + 1, b"")]), errors.ArrayTooLong)
+    assert "2^30" in refused(
+        two_tensors(kvs=[kv_array("k", GGUFValueType.UINT8, 2**30 + 1, b"")]), gguf_rules.ArrayTooLong
+    )
 
 
 def test_array_larger_than_the_bytes_left() -> None:
-    refused(two_tensors(kvs=[kv_array("k", GGUFValueType.UINT64, 10**6, b"")]), errors.ArrayTooLong)
+    refused(two_tensors(kvs=[kv_array("k", GGUFValueType.UINT64, 10**6, b"")]), gguf_rules.ArrayTooLong)
 
 
 def test_string_array_whose_lengths_alone_pass_the_end() -> None:
-    refused(two_tensors(kvs=[kv_array("k", GGUFValueType.STRING, 10**6, b"")]), errors.ArrayTooLong)
+    refused(two_tensors(kvs=[kv_array("k", GGUFValueType.STRING, 10**6, b"")]), gguf_rules.ArrayTooLong)
 
 
 def test_string_array_element_longer_than_1_gib() -> None:
     strings = string("a") + string("b", 2**30 + 5)
-    message = refused(two_tensors(kvs=[kv_array("k", GGUFValueType.STRING, 2, strings)]), errors.StringTooLong)
+    message = refused(two_tensors(kvs=[kv_array("k", GGUFValueType.STRING, 2, strings)]), gguf_rules.StringTooLong)
     assert "element 1" in message
 
 
 def test_string_array_element_past_the_end() -> None:
     strings = string("a") + string("b", 5000)
-    refused(build([kv_array("k", GGUFValueType.STRING, 2, strings)], []), errors.StringTooLong)
+    refused(build([kv_array("k", GGUFValueType.STRING, 2, strings)], []), gguf_rules.StringTooLong)
 
 
 @pytest.mark.parametrize(
@@ -431,17 +434,19 @@ def test_string_array_element_past_the_end() -> None:
     ids=["u64", "i32", "array"],
 )
 def test_alignment_not_a_u32(entry: bytes) -> None:
-    refused(two_tensors(kvs=[entry]), errors.InvalidAlignment)
+    refused(two_tensors(kvs=[entry]), gguf_rules.InvalidAlignment)
 
 
 @pytest.mark.parametrize("alignment", [0, 3, 48, 2**32 - 1])
 def test_alignment_not_a_power_of_two(alignment: int) -> None:
-    refused(two_tensors(kvs=[kv_u32("general.alignment", alignment)]), errors.InvalidAlignment)
+    refused(two_tensors(kvs=[kv_u32("general.alignment", alignment)]), gguf_rules.InvalidAlignment)
 
 
 def test_tensor_name_of_64_bytes() -> None:
     name = "n" * 64
-    assert "64" in refused(two_tensors(infos=[info(name, [4], F32, 0)], data=bytes(16)), errors.TensorNameTooLong, name)
+    assert "64" in refused(
+        two_tensors(infos=[info(name, [4], F32, 0)], data=bytes(16)), gguf_rules.TensorNameTooLong, name
+    )
 
 
 def test_tensor_name_of_63_bytes_is_fine() -> None:
@@ -450,57 +455,57 @@ def test_tensor_name_of_63_bytes_is_fine() -> None:
 
 
 def test_tensor_name_longer_than_the_bytes_left() -> None:
-    refused(two_tensors(infos=[string("t", 10**6)]), errors.StringTooLong)
+    refused(two_tensors(infos=[string("t", 10**6)]), gguf_rules.StringTooLong)
 
 
 def test_duplicate_tensor_name() -> None:
     infos = [info("t0", [4], F32, 0), info("t0", [4], F32, 32)]
-    refused(two_tensors(infos=infos, data=bytes(48)), errors.DuplicateTensorName, "t0")
+    refused(two_tensors(infos=infos, data=bytes(48)), gguf_rules.DuplicateTensorName, "t0")
 
 
 def test_tensor_names_equal_up_to_a_nul_are_duplicates_as_llama_cpp_compares_them() -> None:
     infos = [info(b"t\x00a", [4], F32, 0), info(b"t\x00b", [4], F32, 32)]
-    refused(two_tensors(infos=infos, data=bytes(48)), errors.DuplicateTensorName, "t\x00b")
+    refused(two_tensors(infos=infos, data=bytes(48)), gguf_rules.DuplicateTensorName, "t\x00b")
 
 
 def test_more_than_4_dimensions() -> None:
-    refused(two_tensors(infos=[info("t0", [1, 1, 1, 1, 1], F32, 0)], data=bytes(4)), errors.InvalidDimensions, "t0")
+    refused(two_tensors(infos=[info("t0", [1, 1, 1, 1, 1], F32, 0)], data=bytes(4)), gguf_rules.InvalidDimensions, "t0")
 
 
 def test_negative_dimension() -> None:
-    assert "-3" in refused(two_tensors(infos=[info("t0", [4, -3], F32, 0)]), errors.InvalidDimensions, "t0")
+    assert "-3" in refused(two_tensors(infos=[info("t0", [4, -3], F32, 0)]), gguf_rules.InvalidDimensions, "t0")
 
 
 def test_element_count_overflow() -> None:
-    refused(two_tensors(infos=[info("t0", [2**32, 2**31], F32, 0)]), errors.GgufOverflow, "t0")
+    refused(two_tensors(infos=[info("t0", [2**32, 2**31], F32, 0)]), gguf_rules.GgufOverflow, "t0")
 
 
 @pytest.mark.parametrize("kind", [4, 5, 31, 36, 42, 43, 1000, -1])
 def test_type_gguf_does_not_know(kind: int) -> None:
-    assert f"type {kind}" in refused(two_tensors(infos=[info("t0", [4], kind, 0)]), errors.UnknownGgmlType, "t0")
+    assert f"type {kind}" in refused(two_tensors(infos=[info("t0", [4], kind, 0)]), gguf_rules.UnknownGgmlType, "t0")
 
 
 def test_first_dimension_not_a_multiple_of_the_block() -> None:
-    message = refused(two_tensors(infos=[info("t0", [100, 2], Q4_K, 0)]), errors.RowNotBlockMultiple, "t0")
+    message = refused(two_tensors(infos=[info("t0", [100, 2], Q4_K, 0)]), gguf_rules.RowNotBlockMultiple, "t0")
     assert "Q4_K" in message and "256" in message
 
 
 def test_byte_size_overflow() -> None:
     f64 = int(GGMLQuantizationType.F64)
-    refused(two_tensors(infos=[info("t0", [2**61, 2], f64, 0)]), errors.GgufOverflow, "t0")
+    refused(two_tensors(infos=[info("t0", [2**61, 2], f64, 0)]), gguf_rules.GgufOverflow, "t0")
 
 
 def test_data_section_size_overflow() -> None:
     f64 = int(GGMLQuantizationType.F64)
     infos = [info("t0", [2**59, 2], f64, 0), info("t1", [2**59, 2], f64, 2**63)]
-    refused(two_tensors(infos=infos), errors.GgufOverflow, "t1")
+    refused(two_tensors(infos=infos), gguf_rules.GgufOverflow, "t1")
 
 
 def test_padded_data_start_past_the_end() -> None:
     data = build([ARCH], [info("t0", [0], F32, 0)], alignment=1)  # no padding after the infos
     assert len(data) % 32
     read("x.gguf", data + bytes(-len(data) % 32))  # with its padding, the zero-byte tensor is fine
-    refused(data, errors.DataSectionOutOfFile)
+    refused(data, gguf_rules.DataSectionOutOfFile)
 
 
 @pytest.mark.parametrize(
@@ -511,16 +516,16 @@ def test_padded_data_start_past_the_end() -> None:
 def test_offsets_not_the_running_sum_of_padded_sizes(offsets: tuple[int, int]) -> None:
     infos = [info("t0", [4, 2], F32, offsets[0]), info("t1", [3], F32, offsets[1])]
     bad = "t0" if offsets[0] else "t1"
-    refused(two_tensors(infos=infos, data=bytes(128)), errors.TensorOffsetMismatch, bad)
+    refused(two_tensors(infos=infos, data=bytes(128)), gguf_rules.TensorOffsetMismatch, bad)
 
 
 def test_reordered_offsets() -> None:
     infos = [info("t0", [4, 2], F32, 32), info("t1", [3], F32, 0)]
-    refused(two_tensors(infos=infos, data=bytes(64)), errors.TensorOffsetMismatch, "t0")
+    refused(two_tensors(infos=infos, data=bytes(64)), gguf_rules.TensorOffsetMismatch, "t0")
 
 
 def test_tensor_past_the_end_of_the_file() -> None:
-    refused(two_tensors(data=bytes(32 + 11)), errors.TensorOutOfFile, "t1")
+    refused(two_tensors(data=bytes(32 + 11)), gguf_rules.TensorOutOfFile, "t1")
 
 
 def test_last_tensor_ending_at_the_end_without_padding_is_fine() -> None:
@@ -530,19 +535,19 @@ def test_last_tensor_ending_at_the_end_without_padding_is_fine() -> None:
 
 @pytest.mark.parametrize("cut", [5, 12, 20])
 def test_file_ending_inside_a_fixed_size_field(cut: int) -> None:
-    refused(two_tensors()[:cut], errors.GgufTruncated)
+    refused(two_tensors()[:cut], gguf_rules.GgufTruncated)
 
 
 def test_file_ending_inside_a_tensor_info() -> None:
     data = two_tensors()
     end = data.index(b"t1") + 2 + 6  # inside t1's dimension count
-    refused(data[:end], errors.GgufTruncated)
+    refused(data[:end], gguf_rules.GgufTruncated)
 
 
 def test_negative_first_dimension_is_seen_before_a_truncated_second() -> None:
     data = build([ARCH], [info("t0", [-1, 4], F32, 0)])
     cut = data.index(i64(-1)) + 8 + 3
-    refused(data[:cut], errors.InvalidDimensions, "t0")
+    refused(data[:cut], gguf_rules.InvalidDimensions, "t0")
 
 
 # -- edge cases that llama.cpp accepts ---------------------------------------------------------------------------
@@ -550,7 +555,7 @@ def test_negative_first_dimension_is_seen_before_a_truncated_second() -> None:
 
 def test_a_tensor_with_no_dimensions_is_refused() -> None:
     # llama.cpp refuses only n_dims > 4 (n_dims 0 is one element to it); SPEC §11 asks for 1 to 4 dimensions.
-    message = refused(build([ARCH], [info("s", [], F32, 0)], struct.pack("<f", 2.5)), errors.InvalidDimensions, "s")
+    message = refused(build([ARCH], [info("s", [], F32, 0)], struct.pack("<f", 2.5)), gguf_rules.InvalidDimensions, "s")
     assert "0 dimensions" in message
 
 
@@ -773,14 +778,14 @@ def test_split_names() -> None:
 def test_split_missing(tmp_path: Path) -> None:
     paths = write_split_set(tmp_path)
     headers = [read(p) for p in paths]
-    with pytest.raises(errors.MissingSplit, match="model-00002-of-00003.gguf"):
+    with pytest.raises(gguf_rules.MissingSplit, match="model-00002-of-00003.gguf"):
         gguf.merge_splits("model", [p.name for p in paths], [headers[0], None, headers[2]])
 
 
 def test_split_out_of_place(tmp_path: Path) -> None:
     paths = write_split_set(tmp_path)
     headers = [read(p) for p in paths]
-    with pytest.raises(errors.SplitOutOfPlace, match="split.no is 2, but it is split 1"):
+    with pytest.raises(gguf_rules.SplitOutOfPlace, match="split.no is 2, but it is split 1"):
         gguf.merge_splits("model", [p.name for p in paths], [headers[0], headers[2], headers[1]])
 
 
@@ -797,28 +802,28 @@ def hand_split(no: int, count: int, total: int, names: Sequence[str], **extra: b
 
 def test_split_tensor_in_two_splits() -> None:
     headers = [hand_split(0, 2, 3, ["a", "b"]), hand_split(1, 2, 3, ["b"])]
-    with pytest.raises(errors.DuplicateSplitTensor, match="'b'"):
+    with pytest.raises(gguf_rules.DuplicateSplitTensor, match="'b'"):
         gguf.merge_splits("s", ["s-00001-of-00002.gguf", "s-00002-of-00002.gguf"], headers)
 
 
 def test_split_tensor_count_disagrees() -> None:
     headers = [hand_split(0, 2, 4, ["a", "b"]), hand_split(1, 2, 4, ["c"])]
-    with pytest.raises(errors.SplitTensorCount, match="split.tensors.count is 4, but the 2 splits hold 3"):
+    with pytest.raises(gguf_rules.SplitTensorCount, match="split.tensors.count is 4, but the 2 splits hold 3"):
         gguf.merge_splits("s", ["s-00001-of-00002.gguf", "s-00002-of-00002.gguf"], headers)
 
 
 def test_split_count_disagrees_with_the_names() -> None:
     headers = [hand_split(0, 3, 2, ["a"]), hand_split(1, 3, 2, ["b"])]
-    with pytest.raises(errors.SplitOutOfPlace, match="split.count is 3"):
+    with pytest.raises(gguf_rules.SplitOutOfPlace, match="split.count is 3"):
         gguf.merge_splits("s", ["s-00001-of-00002.gguf", "s-00002-of-00002.gguf"], headers)
 
 
 def test_split_key_missing_or_of_another_type() -> None:
     plain = read("s-00001-of-00001.gguf", build([ARCH], []))
-    with pytest.raises(errors.SplitOutOfPlace, match="'split.no' of a split is missing"):
+    with pytest.raises(gguf_rules.SplitOutOfPlace, match="'split.no' of a split is missing"):
         gguf.merge_splits("s", ["s-00001-of-00001.gguf"], [plain])
     wrong = read("s-00001-of-00001.gguf", build([kv_u32("split.no", 0)], []))
-    with pytest.raises(errors.SplitOutOfPlace, match="u32, not u16"):
+    with pytest.raises(gguf_rules.SplitOutOfPlace, match="u32, not u16"):
         gguf.merge_splits("s", ["s-00001-of-00001.gguf"], [wrong])
 
 
@@ -906,7 +911,9 @@ def test_a_prefix_that_ends_inside_the_header_asks_for_more() -> None:
 
 def test_a_file_shorter_than_its_size_said_is_truncated() -> None:
     data = two_tensors()
-    with pytest.raises(errors.GgufTruncated, match=f"ended after {len(data)} bytes, short of the {len(data) + 1000}"):
+    with pytest.raises(
+        gguf_rules.GgufTruncated, match=f"ended after {len(data)} bytes, short of the {len(data) + 1000}"
+    ):
         gguf.read_header(lambda offset, size: data[offset : offset + size], len(data) + 1000, path="x.gguf")
 
 

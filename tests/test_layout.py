@@ -84,3 +84,40 @@ def test_no_module_of_the_package_is_over_900_lines() -> None:
         if (n := len(path.read_text().splitlines())) > 900
     }
     assert long == {}
+
+
+def test_no_format_names_its_tensors_xattr_namespace() -> None:
+    """A tensor's xattr namespace is the name of the format that read it (``formats.read_with``): a format module
+    that sets ``namespace`` (a class attribute of its entries, say) would hide that and could name another."""
+    offenders = []
+    for path in (PACKAGE / "formats").rglob("*.py"):
+        if path.name == "base.py" and path.parent == PACKAGE / "formats":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                else []
+            )
+            names = [
+                t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else "" for t in targets
+            ]
+            keywords = [k.arg for k in node.keywords] if isinstance(node, ast.Call) else []
+            if "namespace" in names or "namespace" in keywords:
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_errors_py_holds_no_format_s_rule_errors() -> None:
+    """A format's rule errors live with the format (its module, or its package's ``rules.py``); ``stfs.errors`` keeps
+    the bases and what every format shares (a ``RuleError`` there names no format)."""
+    from stfs import errors
+
+    named = [
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.RuleError) and value.format_name
+    ]
+    assert named == []

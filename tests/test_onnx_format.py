@@ -471,7 +471,7 @@ def test_every_cut_and_every_changed_byte_is_a_model_or_one_named_error() -> Non
         try:
             onnx_format.fetch_header(lambda o, s, cut=cut: data[:cut][o : o + s], path="m.onnx", file_size=cut)
             whole += 1  # cut where a field of the ModelProto ends: a model with fewer fields
-        except errors.OnnxError:
+        except onnx_format.OnnxError:
             pass
     assert whole <= 3  # nothing; ir_version; ir_version and the graph
     for at in range(len(data)):
@@ -495,7 +495,7 @@ def test_tensors_in_typed_fields_past_the_bound_are_refused(monkeypatch: pytest.
     )
     data = helper.make_model(graph).SerializeToString()
     monkeypatch.setattr(onnx_format, "HELD_LIMIT", 64)
-    with pytest.raises(errors.TypedDataTooLarge) as refused:
+    with pytest.raises(onnx_format.TypedDataTooLarge) as refused:
         onnx_format.fetch_header(lambda o, s: data[o : o + s], path="m.onnx", file_size=len(data))
     assert refused.value.tensor == "second"
     monkeypatch.setattr(onnx_format, "HELD_LIMIT", 128)
@@ -517,7 +517,7 @@ def nested_model(levels: int) -> bytes:
 
 def test_subgraphs_nested_past_protobufs_limit_are_refused() -> None:
     deep = nested_model(40)
-    with pytest.raises(errors.InvalidProtobuf, match="nest more than 100 deep"):
+    with pytest.raises(onnx_format.InvalidProtobuf, match="nest more than 100 deep"):
         onnx_format.fetch_header(lambda o, s: deep[o : o + s], path="m.onnx", file_size=len(deep))
     data = nested_model(30)
     header = onnx_format.fetch_header(lambda o, s: data[o : o + s], path="m.onnx", file_size=len(data))
@@ -856,7 +856,7 @@ def test_a_packed_run_that_ends_inside_a_value_is_refused() -> None:
         data = _model(tensor)
         with pytest.raises(Exception, match="corrupt"):
             onnx.ModelProto.FromString(data)
-        with pytest.raises((errors.InvalidProtobuf, errors.TruncatedProtobuf)):
+        with pytest.raises((onnx_format.InvalidProtobuf, onnx_format.TruncatedProtobuf)):
             onnx_format.fetch_header(lambda o, s, data=data: data[o : o + s], path="m.onnx", file_size=len(data))
 
 

@@ -25,6 +25,8 @@ from safetensors.torch import save as safetensors_save
 
 from stfs import errors
 from stfs.formats import pytorch
+from stfs.formats.base import COALESCE_GAP
+from stfs.formats.pytorch import rules as pytorch_rules
 from tests import checkpoints as ck
 
 pytestmark = pytest.mark.timeout(120)
@@ -384,7 +386,7 @@ def test_torchscript_is_refused() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.jit is deprecated in torch 2.13; its archives are still about
         torch.jit.save(torch.jit.script(torch.nn.Linear(2, 3)), buffer)
-    with pytest.raises(errors.TorchScriptArchive, match="TorchScript"):
+    with pytest.raises(pytorch_rules.TorchScriptArchive, match="TorchScript"):
         read(buffer.getvalue())
 
 
@@ -395,13 +397,13 @@ def test_the_tar_format_of_torch_0x_is_refused_with_advice() -> None:
             info = tarfile.TarInfo(name)
             info.size = 4
             archive.addfile(info, io.BytesIO(b"\x80\x02N."))
-    with pytest.raises(errors.LegacyTarCheckpoint, match="re-save it with a current torch"):
+    with pytest.raises(pytorch_rules.LegacyTarCheckpoint, match="re-save it with a current torch"):
         read(buffer.getvalue(), "old.pt")
 
 
 def test_other_files_are_not_checkpoints() -> None:
     for data in (b"", b"hello", ck.write_zip([("a/readme.txt", b"hi")]), pickle.dumps({"a": 1}, protocol=2)):
-        with pytest.raises(errors.NotACheckpoint):
+        with pytest.raises(pytorch_rules.NotACheckpoint):
             read(data)
 
 
@@ -433,19 +435,19 @@ def test_python_zipfile_rewrites_read_the_same() -> None:
 @pytest.mark.parametrize(
     ("mutation", "error", "match"),
     [
-        ({"byteorder": b"big"}, errors.BigEndianCheckpoint, "big"),
-        ({"deflate": ["archive/data/0"]}, errors.CompressedEntry, "data/0"),
-        ({"deflate": ["archive/data.pkl"]}, errors.CompressedEntry, "data.pkl"),
-        ({"extra": [("other/x", b"")]}, errors.EntryOutsideArchive, "other/x"),
-        ({"extra": [("archive/../x", b"")]}, errors.EntryOutsideArchive, r"\.\./x"),
-        ({"extra": [("archive/constants.pkl", b"")]}, errors.TorchScriptArchive, "TorchScript"),
-        ({"extra": [("archive/code/m.py", b"")]}, errors.TorchScriptArchive, "TorchScript"),
-        ({"extra": [("archive/data/0", b"")]}, errors.InvalidZipArchive, "twice"),
-        ({"storages": {}}, errors.InvalidStorage, "no entry archive/data/0"),
-        ({"storages": {"0": FOUR_FLOATS[:12]}}, errors.InvalidStorage, "12 bytes"),
+        ({"byteorder": b"big"}, pytorch_rules.BigEndianCheckpoint, "big"),
+        ({"deflate": ["archive/data/0"]}, pytorch_rules.CompressedEntry, "data/0"),
+        ({"deflate": ["archive/data.pkl"]}, pytorch_rules.CompressedEntry, "data.pkl"),
+        ({"extra": [("other/x", b"")]}, pytorch_rules.EntryOutsideArchive, "other/x"),
+        ({"extra": [("archive/../x", b"")]}, pytorch_rules.EntryOutsideArchive, r"\.\./x"),
+        ({"extra": [("archive/constants.pkl", b"")]}, pytorch_rules.TorchScriptArchive, "TorchScript"),
+        ({"extra": [("archive/code/m.py", b"")]}, pytorch_rules.TorchScriptArchive, "TorchScript"),
+        ({"extra": [("archive/data/0", b"")]}, pytorch_rules.InvalidZipArchive, "twice"),
+        ({"storages": {}}, pytorch_rules.InvalidStorage, "no entry archive/data/0"),
+        ({"storages": {"0": FOUR_FLOATS[:12]}}, pytorch_rules.InvalidStorage, "12 bytes"),
     ],
 )
-def test_zip_refusals(mutation: dict[str, Any], error: type[errors.PytorchError], match: str) -> None:
+def test_zip_refusals(mutation: dict[str, Any], error: type[pytorch_rules.PytorchError], match: str) -> None:
     storages = mutation.pop("storages", {"0": FOUR_FLOATS})
     data = ck.checkpoint_zip(ONE_TENSOR, storages, **mutation)
     with pytest.raises(error, match=match) as caught:
@@ -461,7 +463,7 @@ def test_a_storage_entry_marked_a_directory_is_refused() -> None:
     entry = bytes(data).rindex(b"PK\x01\x02", 0, bytes(data).rindex(b"archive/data/0"))
     assert bytes(data[entry + 46 : entry + 46 + 14]) == b"archive/data/0"
     struct.pack_into("<L", data, entry + 38, 0x10)  # external attributes
-    with pytest.raises(errors.InvalidZipArchive, match="'archive/data/0' is marked a directory") as caught:
+    with pytest.raises(pytorch_rules.InvalidZipArchive, match="'archive/data/0' is marked a directory") as caught:
         read(bytes(data), "m.bin")
     assert str(caught.value).startswith("m.bin: ") and "\n" not in str(caught.value)
     with warnings.catch_warnings():
@@ -488,7 +490,7 @@ def test_broken_zip_structures_are_refused() -> None:
         "a local header that is not one": b"QQ" + good[2:],
     }
     for name, data in cases.items():
-        with pytest.raises(errors.PytorchError):
+        with pytest.raises(pytorch_rules.PytorchError):
             read(data)
         assert name
 
@@ -502,7 +504,7 @@ def test_a_tensor_outside_its_storage_is_refused_by_name() -> None:
     ]
     for case in cases:
         data = ck.checkpoint_zip(ck.state_dict_pickle([("bad", case)]), {"0": FOUR_FLOATS})
-        with pytest.raises(errors.TensorOutOfStorage, match="tensor 'bad'"):
+        with pytest.raises(pytorch_rules.TensorOutOfStorage, match="tensor 'bad'"):
             read(data)
     # an empty tensor needs no bytes, wherever its offset points
     empty = ck.checkpoint_zip(ck.state_dict_pickle([("e", ck.p_tensor("0", 4, 9, (0, 5), (5, 1)))]), {"0": FOUR_FLOATS})
@@ -516,7 +518,7 @@ def test_malformed_tensor_descriptions_are_refused() -> None:
     ]
     for case in cases:
         data = ck.checkpoint_zip(ck.state_dict_pickle([("bad", case)]), {"0": FOUR_FLOATS})
-        with pytest.raises((errors.InvalidTensorArgs, errors.InvalidPickle)):
+        with pytest.raises((pytorch_rules.InvalidTensorArgs, pytorch_rules.InvalidPickle)):
             read(data)
 
 
@@ -535,13 +537,13 @@ def test_legacy_storages_follow_from_the_pickles() -> None:
     storage = min(t.storage_start for t in checkpoint.tensors) - 8
     (count,) = struct.unpack_from("<q", data, storage)
     bad = data[:storage] + struct.pack("<q", count + 1) + data[storage + 8 :]
-    with pytest.raises(errors.InvalidStorage, match="elements"):
+    with pytest.raises(pytorch_rules.InvalidStorage, match="elements"):
         read(bad)
-    with pytest.raises(errors.CheckpointTruncated):
+    with pytest.raises(pytorch_rules.CheckpointTruncated):
         read(data[:-1])
     little = b"little_endianq\x02\x88"  # NEWTRUE in sys_info
     assert data.count(little) == 1
-    with pytest.raises(errors.BigEndianCheckpoint):
+    with pytest.raises(pytorch_rules.BigEndianCheckpoint):
         read(data.replace(little, b"little_endianq\x02\x89"))
 
 
@@ -589,9 +591,9 @@ def test_a_legacy_file_as_python_2_torch_wrote_it() -> None:
         expected = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     assert expected["v"].tolist() == [3.0, 4.0]  # torch reads the view as we do: elements 1.. of elements 2..5
     check_bytes(data, checkpoint, expected)
-    with pytest.raises(errors.BigEndianCheckpoint):
+    with pytest.raises(pytorch_rules.BigEndianCheckpoint):
         read(ck.legacy_file(ck.PROTO2 + body + ck.STOP, [("140000", 6, floats)], little_endian=False))
-    with pytest.raises(errors.InvalidStorage, match="140002"):  # a storage the keys do not list
+    with pytest.raises(pytorch_rules.InvalidStorage, match="140002"):  # a storage the keys do not list
         read(ck.legacy_file(ck.PROTO2 + body + ck.STOP, [("140000", 6, floats)]))
 
 
@@ -622,7 +624,7 @@ def test_a_64_mib_checkpoint_costs_under_1_mib_of_reads() -> None:
     # and no read reaches into a large storage's bytes
     for tensor in checkpoint.tensors:
         if tensor.storage_size > 64 << 10:
-            start, end = tensor.storage_start + pytorch.COALESCE_GAP, tensor.storage_start + tensor.storage_size
+            start, end = tensor.storage_start + COALESCE_GAP, tensor.storage_start + tensor.storage_size
             assert all(o + n <= start or o >= end for o, n in reader.ranges), tensor.name
 
 
@@ -665,7 +667,7 @@ def test_a_given_head_saves_a_read() -> None:
 
 def test_short_reads_are_a_truncated_file() -> None:
     data = save({"w": torch.ones(300)})
-    with pytest.raises(errors.CheckpointTruncated):
+    with pytest.raises(pytorch_rules.CheckpointTruncated):
         pytorch.read_checkpoint(lambda o, n: data[o : o + n], len(data) + 100)
 
 
@@ -762,16 +764,16 @@ def test_format_detection() -> None:
 @pytest.mark.parametrize(
     ("name", "error"),
     [
-        ("billion laughs (40 levels of 10)", errors.PickleLimitExceeded),
-        ("billion laughs of strings", errors.PickleLimitExceeded),
-        ("100,000-deep lists", errors.PickleTooDeep),
-        ("100,000-deep tuples", errors.PickleTooDeep),
-        ("100,000-deep dicts", errors.PickleTooDeep),
-        ("100,000 open marks", errors.PickleTooDeep),
-        ("a string of 2^62 bytes", errors.PickleStringTooLong),
-        ("bytes of 2^64-1 bytes", errors.PickleStringTooLong),
-        ("a 2^31-byte integer", errors.PickleStringTooLong),
-        ("a 1 MiB GLOBAL line", errors.PickleStringTooLong),
+        ("billion laughs (40 levels of 10)", pytorch_rules.PickleLimitExceeded),
+        ("billion laughs of strings", pytorch_rules.PickleLimitExceeded),
+        ("100,000-deep lists", pytorch_rules.PickleTooDeep),
+        ("100,000-deep tuples", pytorch_rules.PickleTooDeep),
+        ("100,000-deep dicts", pytorch_rules.PickleTooDeep),
+        ("100,000 open marks", pytorch_rules.PickleTooDeep),
+        ("a string of 2^62 bytes", pytorch_rules.PickleStringTooLong),
+        ("bytes of 2^64-1 bytes", pytorch_rules.PickleStringTooLong),
+        ("a 2^31-byte integer", pytorch_rules.PickleStringTooLong),
+        ("a 1 MiB GLOBAL line", pytorch_rules.PickleStringTooLong),
     ],
 )
 def test_hostile_pickles_are_refused_within_400_mib_and_20_s_of_cpu(
@@ -787,7 +789,7 @@ def test_hostile_pickles_are_refused_within_400_mib_and_20_s_of_cpu(
 @pytest.mark.parametrize("name", ["2,000,010 opcodes", "1,000,010 memo entries"])
 def test_the_opcode_and_memo_bounds(name: str) -> None:
     data = ck.hostile_checkpoint(name)
-    with pytest.raises(errors.PickleLimitExceeded):
+    with pytest.raises(pytorch_rules.PickleLimitExceeded):
         read(data)
 
 
@@ -815,7 +817,7 @@ def test_cycles_deep_keys_and_self_references_end() -> None:
         data = ck.checkpoint_zip(pickle_bytes, {"0": FOUR_FLOATS})
         try:
             checkpoint = read(data)
-        except errors.PytorchError:
+        except pytorch_rules.PytorchError:
             continue
         assert names_of(checkpoint) in ([], ["w"])
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from stfs import errors
 from stfs.formats import pytorch
+from stfs.formats.pytorch import rules as pytorch_rules
 from tests import checkpoints as fz
 from tests.test_pytorch_format import SAFETENSORS_DTYPES, random_tensor
 
@@ -257,7 +257,7 @@ def test_a_state_that_copies_values_into_a_tensor_is_refused() -> None:
 
     data = by_hand(body, "zip")
     assert [name for name, _ in torch_loads(data)] == ["p"]
-    with pytest.raises(errors.InvalidTensorArgs, match="sets 'real'"):
+    with pytest.raises(pytorch_rules.InvalidTensorArgs, match="sets 'real'"):
         read(data)
 
 
@@ -337,7 +337,7 @@ def test_build_on_a_tensor_that_would_change_it_is_refused() -> None:
     state = fz.p_tuple(pid[:-1] + fz.p_int(4) + b"tQ", fz.p_int(1), fz.p_tuple(fz.p_int(2)), fz.p_tuple(fz.p_int(1)))
     data = by_hand(lambda t0, t1: top(("t", t0 + state + b"b")), "zip")
     assert [raw(t) for _, t in torch_loads(data)] == [struct.pack("<2f", 6, 7)]
-    with pytest.raises(errors.InvalidTensorArgs, match="BUILD on a tensor"):
+    with pytest.raises(pytorch_rules.InvalidTensorArgs, match="BUILD on a tensor"):
         read(data)
 
 

@@ -36,16 +36,24 @@ __all__ = [
     "groups",
     "identify",
     "named",
+    "read_with",
 ]
 
 # Each format: its module here, the file names it claims in a folder, and the names of its index files (a JSON
 # ``weight_map`` of tensor -> shard file, as transformers writes it).
+#
+# The order is the order of ``identify``'s sniffs (a file whose name no format claims: the first format whose
+# ``sniff`` accepts its first bytes reads it), and of the formats a message lists. A sniff accepts only what its
+# format's writer makes: two formats whose files are zips (a torch.save archive, NumPy's .npz) each look at the
+# first entry's name (``zip.first_member``), not at the zip's signature alone, so either may come first. A new
+# format goes at the end unless its sniff is narrower than one before it.
 REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("safetensors", (".safetensors",), (".safetensors.index.json",)),
     ("gguf", (".gguf",), ()),
     ("pytorch", (".bin", ".pt", ".pth", ".ckpt"), (".bin.index.json",)),
     ("onnx", (".onnx",), ()),
     ("dcp", (".metadata",), ()),  # a folder's .metadata: a torch.distributed.checkpoint, its .distcp files beside it
+    ("npz", (".npz", ".npy"), ()),
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)
@@ -82,6 +90,21 @@ def identify(path: str, fetch: RangeFetcher, file_size: int) -> Format:
     titles = [known.title for known in every]
     reads = ", ".join(titles[:-1]) + " or " + titles[-1]
     raise errors.UnknownFormat(f"{path}: not a model stfs reads (a {reads} file): its first bytes are {head[:8]!r}")
+
+
+_SET_NAMESPACE = TensorEntry.__dict__["namespace"].__set__
+
+
+def read_with(
+    known: Format, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
+) -> Header:
+    """The header of the file ``path`` as the format ``known`` reads it (``Format.read_header``), named after it:
+    ``Header.format`` and each tensor's xattr namespace are ``known.name``, whatever the format's own code says."""
+    header = known.read_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
+    object.__setattr__(header, "format", known.name)  # a Header is frozen for everyone but the seam that made it
+    for entry in header.tensors:
+        _SET_NAMESPACE(entry, known.name)
+    return header
 
 
 @cache

@@ -6,10 +6,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .. import errors
 
 RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short only at the end of the file
+# Several (offset, size) ranges -> their bytes, in order: where reads are costly (a remote source), the caller may
+# issue them at once (a fetch's ``many``); without one, they are read one after another.
+ReadMany = Callable[[Sequence[tuple[int, int]]], Sequence[bytes]]
+
+COALESCE_GAP = 4096  # two ranges closer than this are read as one (``read_ranges``)
 
 
 class Read(Protocol):
@@ -53,14 +60,17 @@ class Scattered(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class TensorEntry:
-    """One tensor of a file; ``begin``/``end`` are relative to its data section."""
+    """One tensor of a file; ``begin``/``end`` are relative to its data section.
+
+    ``namespace`` (its files' extended attributes: ``user.<namespace>.name``, ...) is not the format's to give: it
+    is the name of the ``Format`` that read it, filled by ``formats.read_with``."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     begin: int
     end: int
-    namespace: ClassVar[str] = "safetensors"  # its files' extended attributes: user.<namespace>.name, ...
+    namespace: str = field(default="", init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -92,7 +102,11 @@ class TensorEntry:
 class Header:
     """A validated header of the file at ``path``: its tensors (in the order the file lists them), its metadata
     as strings, where its data section starts, and its ``header.json``: the JSON as stored at ``json_at`` (offset,
-    length) in the file, or ``json_made``, made from a header that is not JSON."""
+    length) in the file, or ``json_made``, made from a header that is not JSON.
+
+    Two members are not the format's to give, so that it cannot give them wrong: ``format``, the name of the
+    ``Format`` that read it (filled by ``formats.read_with``), and ``scattered``, whether any of its tensors is
+    (``TensorEntry.scattered``), derived from them."""
 
     path: str
     file_size: int
@@ -105,13 +119,17 @@ class Header:
     json_made: bytes | None = None
     parsed: Any = None  # the format's own header, where checks across files need it (a GGUF split set)
     warnings: tuple[str, ...] = ()  # one line each, for a mount's stderr (a checkpoint's tensors left out)
-    format: str = "safetensors"  # the name of the ``Format`` that read it
     check_problems: tuple[str, ...] = ()  # lines ``stfs check`` fails on though a mount serves the file
-    scattered: bool = False  # some tensor's bytes are not one range of the file (``TensorEntry.scattered``)
     # Other files of its folder the model's tensors lie in (an ONNX model's external data, a DCP's .distcp files),
     # relative to that folder: each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows
     # them all.
     other_files: tuple[str, ...] = ()
+    format: str = field(default="", init=False)  # the name of the ``Format`` that read it
+    scattered: bool = field(default=False, init=False)  # some tensor's bytes are not one range of the file
+
+    def __post_init__(self) -> None:
+        # a views fast path serves every tensor of a header that is not scattered as one range of its file
+        object.__setattr__(self, "scattered", any(entry.scattered is not None for entry in self.tensors))
 
     @property
     def data_size(self) -> int:
@@ -212,3 +230,37 @@ def header_json(tensors: Sequence[TensorEntry], metadata: Mapping[str, str]) -> 
         }
         begin += entry.size
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
+def read_exact(read: RangeFetcher, offset: int, size: int, path: str) -> bytes:
+    """Exactly ``size`` bytes of ``path`` from ``offset``; ``errors.TruncatedFile`` where the file ends before (a
+    format words it as its own error where it likes)."""
+    data = read(offset, size) if size > 0 else b""
+    if len(data) < size:
+        raise errors.TruncatedFile(path, f"file ends at byte {offset + len(data)}, inside bytes {offset}+{size}")
+    return bytes(data)
+
+
+def read_ranges(many: ReadMany, ranges: Sequence[tuple[int, int]], path: str) -> list[bytes]:
+    """The bytes of each ``(offset, size)``, all asked for at once; ranges closer than ``COALESCE_GAP`` are one read;
+    ``errors.TruncatedFile`` where the file ends before one."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    groups: list[tuple[int, int, list[int]]] = []  # start, end, the ranges it holds
+    for i in order:
+        start, end = ranges[i][0], sum(ranges[i])
+        if groups and start <= groups[-1][1] + COALESCE_GAP:
+            first, last, members = groups[-1]
+            groups[-1] = (first, max(last, end), [*members, i])
+        else:
+            groups.append((start, end, [i]))
+    blocks = many([(start, end - start) for start, end, _ in groups]) if groups else []
+    out: list[bytes] = [b""] * len(ranges)
+    for (start, end, members), block in zip(groups, blocks, strict=True):
+        if len(block) < end - start:
+            raise errors.TruncatedFile(
+                path, f"file ends at byte {start + len(block)}, inside bytes {start}+{end - start}"
+            )
+        for k in members:
+            offset, size = ranges[k]
+            out[k] = bytes(block[offset - start : offset - start + size])
+    return out

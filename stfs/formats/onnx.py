@@ -13,7 +13,7 @@ bytes), one range of another file of its folder (external data, ``TensorEntry.fi
 fields (``int32_data`` for float16, ...), made at mount as ``numpy_helper.to_array`` makes them (``_typed_bytes``)
 and held in memory (``Held``; a bounded total of them).
 
-Refused in one line naming the file, the tensor and the rule (``errors.OnnxError``): a truncated or malformed
+Refused in one line naming the file, the tensor and the rule (``OnnxError``): a truncated or malformed
 protobuf, an unknown ``data_type``, negative ``dims``, bytes that are not ``dims`` times the type's size, external
 data without a ``location`` or outside the model's folder; ``model`` then checks each external data file is there
 and holds its tensors. A tensor of a type safetensors lacks (string, complex128, 2- and 4-bit integers) is left out
@@ -28,11 +28,74 @@ import posixpath
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from .. import errors
 from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable, header_json
 from .dtypes import DTYPE_BITS
+
+# -- the rules, one error each (SPEC §13, docs/onnx.md) ----------------------------------------------------------------
+
+
+class OnnxError(errors.RuleError):
+    """An ONNX model is refused (SPEC §13): its protobuf is broken, or a tensor breaks a rule of onnx's reader.
+
+    ``rule_text`` names the rule in a few words; the message names the file, the tensor where there is one, and why.
+    """
+
+    rule_text = "invalid ONNX model"
+    format_name = "ONNX"
+
+
+class TruncatedProtobuf(OnnxError):
+    """A field's length or a varint runs past the end of the message holding it, or of the file."""
+
+    rule_text = "protobuf inside the file"
+
+
+class InvalidProtobuf(OnnxError):
+    """The bytes are not protobuf as onnx's messages are: a wire type or field number protobuf has not, a varint
+    over 10 bytes, messages nested past protobuf's limit."""
+
+    rule_text = "protobuf"
+
+
+class UnknownDataType(OnnxError):
+    """A tensor's ``data_type`` is not one of ``TensorProto.DataType`` (or is ``UNDEFINED``)."""
+
+    rule_text = "known data_type"
+
+
+class InvalidDims(OnnxError):
+    """A tensor's ``dims`` hold a negative number, or their product overflows 64 bits."""
+
+    rule_text = "dims"
+
+
+class TensorLengthMismatch(OnnxError):
+    """A tensor's bytes (``raw_data``, the ``length`` of its external data, the values of its typed field) are not
+    its ``dims`` times its type's size."""
+
+    rule_text = "length of dims x the type's size"
+
+
+class InvalidExternalData(OnnxError):
+    """A tensor whose ``data_location`` is ``EXTERNAL`` lacks a ``location``, or its ``offset`` or ``length`` is not
+    a non-negative integer."""
+
+    rule_text = "external data"
+
+
+class LocationOutsideFolder(OnnxError):
+    """An external data ``location`` is absolute, empty, or climbs out of the model's folder with ``..``."""
+
+    rule_text = "external data inside the model's folder"
+
+
+class TypedDataTooLarge(OnnxError):
+    """The tensors a model keeps in typed fields (``int32_data``, ...) would need more than stfs holds in memory."""
+
+    rule_text = "typed fields within bounds"
+
 
 # Bytes read at once while walking the framing: a window after a jump over a payload, doubled while the walk reads
 # on from where the last ended (the nodes of a large graph), up to the most. A payload past a window is not read.
@@ -127,7 +190,7 @@ class _Window:
         self.buffer = self.fetch(offset, max(count, min(self.window, self.size - offset)))
         self.at = offset
         if len(self.buffer) < count:
-            raise errors.TruncatedProtobuf(self.path, f"the file ended at byte {offset + len(self.buffer)}")
+            raise TruncatedProtobuf(self.path, f"the file ended at byte {offset + len(self.buffer)}")
 
     def get(self, offset: int, count: int) -> bytes:
         """The ``count`` bytes from ``offset`` (inside the file: the walk checked it)."""
@@ -153,8 +216,8 @@ class _Window:
                 return value, self.at + index
             shift += 7
             if shift >= 70:
-                raise errors.InvalidProtobuf(self.path, f"the varint at byte {offset} is longer than 10 bytes")
-        raise errors.TruncatedProtobuf(self.path, f"the varint at byte {offset} runs past the end of its message")
+                raise InvalidProtobuf(self.path, f"the varint at byte {offset} is longer than 10 bytes")
+        raise TruncatedProtobuf(self.path, f"the varint at byte {offset} runs past the end of its message")
 
 
 @dataclass(slots=True)
@@ -204,15 +267,15 @@ class _Walker:
             elif wire == 1 or wire == 5:
                 stop = at + (8 if wire == 1 else 4)
             else:
-                raise errors.InvalidProtobuf(
+                raise InvalidProtobuf(
                     self.path,
                     f"field {number} at byte {position} has wire type {wire}, which onnx's messages never use",
                 )
             if number == 0:
-                raise errors.InvalidProtobuf(self.path, f"the field at byte {position} has the number 0")
+                raise InvalidProtobuf(self.path, f"the field at byte {position} has the number 0")
             if stop > end:
                 whole = "the file" if end == self.window.size else "its message"
-                raise errors.TruncatedProtobuf(
+                raise TruncatedProtobuf(
                     self.path, f"field {number} at byte {position} runs to byte {stop}, past the end of {whole} ({end})"
                 )
             yield number, wire, position, at, stop
@@ -232,12 +295,12 @@ class _Walker:
             return [self.number(at, stop)]
         values = _varints(self.window.get(at, stop - at))
         if values is None:
-            raise errors.TruncatedProtobuf(self.path, f"the packed varints at byte {at} end inside a varint")
+            raise TruncatedProtobuf(self.path, f"the packed varints at byte {at} end inside a varint")
         return values
 
     def nested(self, depth: int) -> None:
         if depth > MAX_NESTING:
-            raise errors.InvalidProtobuf(self.path, f"messages nest more than {MAX_NESTING} deep, protobuf's limit")
+            raise InvalidProtobuf(self.path, f"messages nest more than {MAX_NESTING} deep, protobuf's limit")
 
     def pair(self, start: int, end: int, version: bool = False) -> tuple[str, str | int]:
         """A ``StringStringEntryProto`` (key, value: two strings), or with ``version`` an ``OperatorSetIdProto``
@@ -386,7 +449,6 @@ class OnnxEntry(TensorEntry):
     model's, or its external data's ``location``; or its bytes ``held``. Its files' xattrs ``user.onnx.*`` add
     ``data_type`` (ONNX's name: ``FLOAT``) and, for external data, ``location`` as written."""
 
-    namespace: ClassVar[str] = "onnx"
     data_type: str = ""
     location: str | None = None
     held: Held | None = None
@@ -422,18 +484,18 @@ class _Tensors:
     def add(self, found: _Found) -> None:
         name = found.output or found.name
         if not encodable(name):
-            raise errors.InvalidProtobuf(self.path, f"tensor name {name!r} is not UTF-8, as protobuf's strings are")
+            raise InvalidProtobuf(self.path, f"tensor name {name!r} is not UTF-8, as protobuf's strings are")
         data_type = found.data_type
         if data_type is None or not 0 < data_type < len(DATA_TYPES):
             shown = "missing" if data_type is None else f"{data_type}" + (" (UNDEFINED)" if data_type == 0 else "")
-            raise errors.UnknownDataType(self.path, f"data_type {shown} is not one of onnx's", name)
+            raise UnknownDataType(self.path, f"data_type {shown} is not one of onnx's", name)
         type_name = DATA_TYPES[data_type]
         dims = found.dims
         if any(dim < 0 for dim in dims):
-            raise errors.InvalidDims(self.path, f"dims {dims} hold a negative number", name)
+            raise InvalidDims(self.path, f"dims {dims} hold a negative number", name)
         count = math.prod(dims)
         if count > U64_MAX:
-            raise errors.InvalidDims(self.path, f"dims {dims} hold more than 2^64 values", name)
+            raise InvalidDims(self.path, f"dims {dims} hold more than 2^64 values", name)
         external = None
         if found.data_location == EXTERNAL:
             external = self.external(found, name)  # every location is checked: files/ shows every data file
@@ -454,12 +516,12 @@ class _Tensors:
         if external is not None:
             location, offset, length = external
             if length is not None and length != size:
-                raise errors.TensorLengthMismatch(self.path, f"its external data's length is {length}; {need}", name)
+                raise TensorLengthMismatch(self.path, f"its external data's length is {length}; {need}", name)
             self.entries.append(OnnxEntry(*common, offset, offset + size, type_name, location))
         elif found.raw is not None:
             begin, end = found.raw
             if end - begin != size:
-                raise errors.TensorLengthMismatch(self.path, f"raw_data is {end - begin} bytes; {need}", name)
+                raise TensorLengthMismatch(self.path, f"raw_data is {end - begin} bytes; {need}", name)
             self.entries.append(OnnxEntry(*common, begin, end, type_name))
         else:
             self.typed(found, common, count, size, type_name)
@@ -474,12 +536,12 @@ class _Tensors:
         info = dict(found.external_data)
         location = info.get("location")
         if not location:
-            raise errors.InvalidExternalData(self.path, "its data_location is EXTERNAL but it has no location", name)
+            raise InvalidExternalData(self.path, "its data_location is EXTERNAL but it has no location", name)
         parts = location.replace("\\", "/").split("/")
         if location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":") or ".." in parts:
-            raise errors.LocationOutsideFolder(self.path, f"location {location!r} is outside the model's folder", name)
+            raise LocationOutsideFolder(self.path, f"location {location!r} is outside the model's folder", name)
         if "\0" in location or posixpath.normpath(location) == ".":
-            raise errors.LocationOutsideFolder(self.path, f"location {location!r} names no file of its folder", name)
+            raise LocationOutsideFolder(self.path, f"location {location!r} names no file of its folder", name)
         numbers = []
         for key in ("offset", "length"):
             value = info.get(key)
@@ -488,7 +550,7 @@ class _Tensors:
             except ValueError:
                 number = -1
             if number is not None and number < 0:
-                raise errors.InvalidExternalData(self.path, f"{key} {value!r} is not a non-negative integer", name)
+                raise InvalidExternalData(self.path, f"{key} {value!r} is not a non-negative integer", name)
             numbers.append(number)
         return location, numbers[0] or 0, numbers[1]
 
@@ -507,7 +569,7 @@ class _Tensors:
             _, _, begin, end = runs[0]  # packed fixed-width values: already their little-endian bytes
             if end - begin != size:
                 width = 8 if data_type == DOUBLE else 4
-                raise errors.TensorLengthMismatch(
+                raise TensorLengthMismatch(
                     self.path,
                     f"{field_name} holds {(end - begin) // width} values; {_values(common[2], type_name)}",
                     name,
@@ -523,9 +585,7 @@ class _Tensors:
         for run_wire, start, at, end in runs:
             piece = self.window.get(at, end - at)
             if run_wire == 2 and not _ends_whole(piece, wire):
-                raise errors.InvalidProtobuf(
-                    self.path, f"the packed {field_name} at byte {start} ends inside a value", name
-                )
+                raise InvalidProtobuf(self.path, f"the packed {field_name} at byte {start} ends inside a value", name)
             pieces.append(piece)
         stream = b"".join(pieces)  # the values back to back, packed or not: one run of them
         held = len(stream) // FIXED[wire] if wire else _count_varints(stream)
@@ -533,7 +593,7 @@ class _Tensors:
         if dtype == "F4":
             expected = (count + 1) // 2  # two values an int32, as raw_data packs them
         if held != expected:
-            raise errors.TensorLengthMismatch(
+            raise TensorLengthMismatch(
                 self.path, f"{field_name} holds {held} values; {_values(common[2], type_name)}", name
             )
         self.held = self.hold(self.held + size, field_name, name)
@@ -544,7 +604,7 @@ class _Tensors:
     def hold(self, total: int, field: str, name: str) -> int:
         """``total`` bytes of tensors from typed fields held in memory, if within ``HELD_LIMIT``."""
         if total > HELD_LIMIT:
-            raise errors.TypedDataTooLarge(
+            raise TypedDataTooLarge(
                 self.path,
                 f"its {field} and the typed fields before it take {total} bytes, more than the {HELD_LIMIT} stfs "
                 "holds in memory for a model: save it with raw_data (numpy_helper.from_array) or external data",
@@ -619,7 +679,7 @@ def _narrowed(stream: bytes, width: int, path: str, name: str) -> bytes:
         return stream  # every value under 128: a byte each
     values = _varints(stream)
     if values is None:
-        raise errors.InvalidProtobuf(path, "a varint of its typed field is longer than 10 bytes", name)
+        raise InvalidProtobuf(path, "a varint of its typed field is longer than 10 bytes", name)
     mask = (1 << 8 * width) - 1
     return struct.pack(f"<{len(values)}{PACKS[width]}", *(value & mask for value in values))
 
@@ -634,12 +694,12 @@ def _narrowed_numpy(stream: bytes, width: int, path: str, name: str) -> bytes:
         chunk = data[position : position + NUMPY_CHUNK]
         ends = np.flatnonzero(chunk < 0x80)
         if not len(ends):
-            raise errors.InvalidProtobuf(path, "a varint of its typed field is longer than 10 bytes", name)
+            raise InvalidProtobuf(path, "a varint of its typed field is longer than 10 bytes", name)
         chunk = chunk[: ends[-1] + 1]
         starts = np.concatenate(([0], ends[:-1] + 1))
         lengths = ends - starts + 1
         if lengths.max() > 10:
-            raise errors.InvalidProtobuf(path, "a varint of its typed field is longer than 10 bytes", name)
+            raise InvalidProtobuf(path, "a varint of its typed field is longer than 10 bytes", name)
         place = np.arange(len(chunk)) - np.repeat(starts, lengths)  # each byte's place in its varint
         parts = (chunk & 0x7F).astype(np.uint64) << (7 * place).astype(np.uint64)  # bits past 64 shifted out
         values = np.add.reduceat(parts, starts)  # no two parts share a bit: the sum is their or
@@ -718,8 +778,6 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         data_start=0,
         json_made=made,
         warnings=tuple(warnings),
-        format="onnx",
-        scattered=any(entry.held is not None for entry in entries),
         other_files=tuple(tensors.files),
     )
 

@@ -10,7 +10,7 @@ that box in a ``.distcp`` file: ``storage_data``) read as PyTorch checkpoints th
 stored contiguously is one range of its file. Each ``BytesStorageMetadata`` (a step counter, a scheduler's state) is
 a file of ``metadata/``, its value where it is a number or a string.
 
-Refused in one line naming the ``.metadata``, the tensor and the rule (``errors.DcpError``): a member that is not
+Refused in one line naming the ``.metadata``, the tensor and the rule (``DcpError``): a member that is not
 what torch's DCP writes there; storage through transforms (``transform_descriptors``: compressed); a chunk outside
 its tensor, chunks that overlap or leave a hole, a chunk with no storage, a storage outside the folder, a chunk that
 is not a ``torch.save`` of one tensor of its dtype and sizes; a ``.distcp`` that is missing or short
@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ... import errors
 from ..base import Folder, Format, Header, RangeFetcher, TensorEntry, encodable, header_json
 from ..pytorch.allowed import TORCH_DTYPES
 from .assemble import Assembled, covers, piece
 from .metadata import Metadata, TensorMeta, read_metadata
+from .rules import ChunksLeaveHole, MissingChunkStorage, OverlappingChunks, TransformedStorage
 from .stored import BYTES_VALUE_LIMIT, BytesValue, ChunkTensor, Job, archives, bytes_value, chunk_tensor
 
 __all__ = ["FORMAT", "DcpEntry", "fetch_header"]
@@ -43,7 +43,6 @@ class DcpEntry(TensorEntry):
     ``assembled``, gathered from its chunks (``begin`` where its first element lies in ``location``). Its files'
     xattrs ``user.dcp.*`` add ``chunks``, how many hold its elements."""
 
-    namespace: ClassVar[str] = "dcp"
     location: str | None = None
     assembled: Assembled | None = None
     chunks: int = 0
@@ -125,9 +124,7 @@ def fetch_header(
         json_made=made,
         parsed=metadata,
         warnings=tuple(warnings + problems),
-        format="dcp",
         check_problems=tuple(problems),
-        scattered=any(entry.assembled is not None for entry in entries),
         other_files=tuple(by_file),
     )
 
@@ -147,7 +144,7 @@ def _served(metadata: Metadata, path: str, warnings: list[str]) -> list[TensorMe
         found = covers(tensor.shape, [(chunk.offsets, chunk.sizes) for chunk in tensor.chunks if chunk.volume])
         if found is not None:
             kind, detail = found
-            rule = errors.OverlappingChunks if kind == "overlap" else errors.ChunksLeaveHole
+            rule = OverlappingChunks if kind == "overlap" else ChunksLeaveHole
             raise rule(path, detail, tensor.fqn)
         served.append(tensor)
     return served
@@ -160,7 +157,7 @@ def _chunk_jobs(tensor: TensorMeta, metadata: Metadata, path: str) -> Iterator[J
             continue
         stored = metadata.storage.get((tensor.fqn, chunk.offsets))
         if stored is None:
-            raise errors.MissingChunkStorage(
+            raise MissingChunkStorage(
                 path, f"its chunk at offsets {list(chunk.offsets)} has no entry in storage_data", tensor.fqn
             )
         _untransformed(stored.transforms, path, tensor.fqn)
@@ -170,14 +167,14 @@ def _chunk_jobs(tensor: TensorMeta, metadata: Metadata, path: str) -> Iterator[J
 def _bytes_job(fqn: str, metadata: Metadata, path: str) -> Job:
     stored = metadata.storage.get((fqn, None))
     if stored is None:
-        raise errors.MissingChunkStorage(path, f"bytes entry {fqn!r} has no entry in storage_data")
+        raise MissingChunkStorage(path, f"bytes entry {fqn!r} has no entry in storage_data")
     _untransformed(stored.transforms, path, fqn)
     return Job(fqn, stored)
 
 
 def _untransformed(transforms: tuple[str, ...], path: str, fqn: str) -> None:
     if transforms:
-        raise errors.TransformedStorage(
+        raise TransformedStorage(
             path, f"it is stored through {list(transforms)} (compressed or transformed): stfs serves stored bytes", fqn
         )
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..base import Read
+from ..gather import GATHER_ELEMENTS, gather_into
 from ..pytorch.checkpoint import Tensor
-from ..pytorch.gather import GATHER_ELEMENTS, gather_into
 
 PLANES = 64  # planes (the last two dimensions) of a chunk a read puts in place one at a time, at most
 

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ... import errors
 from ..base import RangeFetcher
 from ..pytorch.allowed import DCP_GLOBALS, TORCH_DTYPES
 from ..pytorch.unpickler import WINDOW, Interpreter, Stream
 from ..pytorch.values import Global, Key, Object, describe
+from .rules import ChunkOutsideTensor, InvalidDcpMetadata, NotDcpMetadata, StorageOutsideFolder
 
 MAX_DIMENSIONS = 64  # a tensor's, as the PyTorch reader's shapes
 _MODULE = "torch.distributed.checkpoint.metadata"
@@ -78,12 +78,12 @@ def read_metadata(fetch: RangeFetcher, path: str, file_size: int) -> Metadata:
     storage = reader.storage(members.get("storage_data"))
     entries = members.get("state_dict_metadata")
     if type(entries) is not dict:
-        raise errors.InvalidDcpMetadata(path, f"its state_dict_metadata is {describe(entries)}, not a dict")
+        raise InvalidDcpMetadata(path, f"its state_dict_metadata is {describe(entries)}, not a dict")
     tensors: list[TensorMeta] = []
     byte_entries: list[str] = []
     for fqn, entry in entries.items():
         if type(fqn) is not str:
-            raise errors.InvalidDcpMetadata(path, f"state_dict_metadata has the key {describe(fqn)}, not a name")
+            raise InvalidDcpMetadata(path, f"state_dict_metadata has the key {describe(fqn)}, not a name")
         if _class_of(entry) == f"{_MODULE}.BytesStorageMetadata":
             byte_entries.append(fqn)
         else:
@@ -111,8 +111,8 @@ class _Reader:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def fail(self, detail: str, tensor: str | None = None) -> errors.InvalidDcpMetadata:
-        return errors.InvalidDcpMetadata(self.path, detail, tensor)
+    def fail(self, detail: str, tensor: str | None = None) -> InvalidDcpMetadata:
+        return InvalidDcpMetadata(self.path, detail, tensor)
 
     def members(self, value: Any, name: str, what: str, refutes: bool = False, tensor: str | None = None) -> Any:
         """The state (``__dict__``, or what its ``__getstate__`` gave) of ``value``, an object of ``name``."""
@@ -120,7 +120,7 @@ class _Reader:
         if _class_of(value) != full:
             detail = f"{what} is {describe(value)}, not a {full}"
             if refutes:
-                raise errors.NotDcpMetadata(self.path, detail)
+                raise NotDcpMetadata(self.path, detail)
             raise self.fail(detail, tensor)
         state = value.state
         if state is None:
@@ -160,7 +160,7 @@ class _Reader:
                 or len(sizes) != len(shape)
                 or any(start + size > whole for start, size, whole in zip(offsets, sizes, shape, strict=True))
             ):
-                raise errors.ChunkOutsideTensor(
+                raise ChunkOutsideTensor(
                     self.path, f"a chunk at offsets {list(offsets)} of sizes {list(sizes)} of size {list(shape)}", fqn
                 )
             found.append(Chunk(offsets, sizes))
@@ -186,7 +186,7 @@ class _Reader:
             offset = index.get("offset")
             where = None if offset is None else self.sizes(offset, "MetadataIndex's offset", fqn)
             if _class_of(info) != _STORAGE_INFO:
-                raise errors.NotDcpMetadata(
+                raise NotDcpMetadata(
                     self.path,
                     f"its storage_data holds {describe(info)}, not a {_STORAGE_INFO}: a checkpoint of another "
                     "storage writer than the .distcp files FileSystemWriter writes",
@@ -201,7 +201,7 @@ class _Reader:
         if not all(type(n) is int and 0 <= n < 2**63 for n in (offset, length)):
             raise self.fail(f"its storage's offset {describe(offset)} and length {describe(length)}", fqn)
         if not file or "/" in file or "\\" in file or "\0" in file or file in (".", ".."):
-            raise errors.StorageOutsideFolder(
+            raise StorageOutsideFolder(
                 self.path, f"relative_path {file!r} is not a file name of the checkpoint's folder", fqn
             )
         transforms = fields.get("transform_descriptors")

@@ -13,13 +13,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ... import errors
-from ..base import RangeFetcher, encodable
+from ..base import RangeFetcher, encodable, read_ranges
 from ..pytorch import read_checkpoint, zip_object
 from ..pytorch.checkpoint import Tensor
-from ..pytorch.reads import read_ranges
+from ..pytorch.rules import PytorchError
 from ..pytorch.values import describe
 from .metadata import Chunk, Stored
+from .rules import InvalidChunk
 
 HEAD = 1024  # of each archive read ahead: its first local header, its pickle, its storage's local header
 TAIL = 1024  # and its end: the central directory and the end records
@@ -99,7 +99,7 @@ def archives(fetch: RangeFetcher, jobs: Sequence[Job], path: str) -> Iterator[tu
 
 def chunk_tensor(job: Job, archive: _Archive, dtype: str, path: str) -> ChunkTensor:
     """The tensor a chunk's ``torch.save`` holds: exactly one, of the chunk's ``dtype`` (safetensors' name) and
-    sizes; ``errors.InvalidChunk`` naming the chunk otherwise."""
+    sizes; ``InvalidChunk`` naming the chunk otherwise."""
     assert job.chunk is not None
     stored = job.stored
     where = f"its chunk at offsets {list(job.chunk.offsets)} ({stored.file} bytes {stored.offset}+{stored.length})"
@@ -107,17 +107,15 @@ def chunk_tensor(job: Job, archive: _Archive, dtype: str, path: str) -> ChunkTen
         checkpoint = read_checkpoint(
             archive, stored.length, path=stored.file, head=archive.head, read_many=archive.many
         )
-    except errors.PytorchError as exc:
-        raise errors.InvalidChunk(
-            path, f"{where} is no torch.save: {type(exc).__name__}: {exc.detail}", job.fqn
-        ) from None
+    except PytorchError as exc:
+        raise InvalidChunk(path, f"{where} is no torch.save: {type(exc).__name__}: {exc.detail}", job.fqn) from None
     tensors = checkpoint.tensors
     if len(tensors) != 1 or checkpoint.left_out or tensors[0].name != "":
         held = [tensor.name for tensor in tensors] + [item.name for item in checkpoint.left_out]
-        raise errors.InvalidChunk(path, f"{where} holds the tensors {held}, not one tensor", job.fqn)
+        raise InvalidChunk(path, f"{where} holds the tensors {held}, not one tensor", job.fqn)
     tensor = tensors[0]
     if tensor.dtype != dtype or tensor.shape != job.chunk.sizes:
-        raise errors.InvalidChunk(
+        raise InvalidChunk(
             path,
             f"{where} holds a {tensor.dtype} tensor of shape {list(tensor.shape)}; its metadata says {dtype} of "
             f"{list(job.chunk.sizes)}",
@@ -138,7 +136,7 @@ def bytes_value(job: Job, archive: _Archive | None) -> BytesValue:
         return BytesValue(size, ())
     try:
         value, unsafe = zip_object(archive, archive.many, stored.length, stored.file)
-    except errors.PytorchError as exc:
+    except PytorchError as exc:
         return BytesValue(f"{size}, not a torch.save stfs reads: {type(exc).__name__}: {exc.detail}", ())
     return BytesValue(_text(value) if _plain(value) else f"{describe(value)}, {size}", unsafe)
 

@@ -2,7 +2,7 @@
 
 Pure: bytes come through ``read(offset, size)``, no I/O of its own. The checks run in the order llama.cpp's
 ``gguf_init_from_reader`` (``ggml/src/gguf.cpp``) reads the file, then the model loader's bound on each
-tensor's bytes; each refusal is its own ``errors.GgufError`` naming the file, the tensor and the rule.
+tensor's bytes; each refusal is its own ``GgufError`` naming the file, the tensor and the rule.
 
 A GGUF header has no length prefix: ``parse_header`` takes a prefix of the file and raises ``HeaderIncomplete``
 with a lower bound on the header's end when the prefix is too short; ``read_header`` grows the prefix so that
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -69,13 +67,6 @@ from .types import (
 # -- the format seam: a GGUF file as every format's Header -------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class GgufEntry(TensorEntry):
-    """A tensor of a GGUF file: its dtype is its GGML type's name, its files' xattrs ``user.gguf.*``."""
-
-    namespace: ClassVar[str] = "gguf"
-
-
 def fetch_header(
     fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = FIRST_READ
 ) -> Header:
@@ -90,7 +81,7 @@ def fetch_header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
-        tensors=tuple(GgufEntry(t.name, t.dtype, t.shape, t.offset, t.offset + t.nbytes) for t in parsed.tensors),
+        tensors=tuple(TensorEntry(t.name, t.dtype, t.shape, t.offset, t.offset + t.nbytes) for t in parsed.tensors),
         metadata=metadata_texts(parsed.metadata, encoded),
         digest=hashlib.sha256(made).digest(),
         data_start=parsed.data_offset,
@@ -171,7 +162,6 @@ __all__ = [
     "GGML_TYPES",
     "GGUFValueType",
     "GgmlType",
-    "GgufEntry",
     "GgufHeader",
     "GgufSplitSet",
     "GgufTensor",

@@ -10,8 +10,30 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ... import errors
 from ..base import RangeFetcher
+from .rules import (
+    ArrayTooLong,
+    BigEndianFile,
+    DataSectionOutOfFile,
+    DuplicateKvKey,
+    DuplicateTensorName,
+    EmptyKey,
+    GgufOverflow,
+    GgufTruncated,
+    InvalidAlignment,
+    InvalidCount,
+    InvalidDimensions,
+    InvalidKvType,
+    InvalidMagic,
+    ObsoleteVersion,
+    RowNotBlockMultiple,
+    StringTooLong,
+    TensorNameTooLong,
+    TensorOffsetMismatch,
+    TensorOutOfFile,
+    UnknownGgmlType,
+    UnsupportedVersion,
+)
 from .types import (
     _I32,
     _I64,
@@ -56,7 +78,7 @@ def read_header(read: RangeFetcher, file_size: int, *, path: str, first_read: in
         if want > len(have):
             have += read(len(have), want - len(have))
             if len(have) < want:
-                raise errors.GgufTruncated(
+                raise GgufTruncated(
                     path, f"the file ended after {len(have)} bytes, short of the {file_size} its size says"
                 )
         try:
@@ -69,7 +91,7 @@ def parse_header(buf: bytes, *, file_size: int, path: str) -> GgufHeader:
     """Validate the header in ``buf``, the first bytes of the ``file_size``-byte file ``path``.
 
     Raises ``HeaderIncomplete`` when ``buf`` ends inside the header (and is shorter than the file), else the
-    ``errors.GgufError`` of the first rule the file breaks, in llama.cpp's order.
+    ``GgufError`` of the first rule the file breaks, in llama.cpp's order.
     """
     return _Parser(buf, file_size, path).parse()
 
@@ -99,7 +121,7 @@ class _Parser:
         if stop <= self.end:
             return
         if stop > self.file_size:
-            raise errors.GgufTruncated(
+            raise GgufTruncated(
                 self.path, f"the {self.file_size}-byte file ends inside {what} (at byte {self.pos}, {size} needed)"
             )
         raise HeaderIncomplete(stop + self._rest())
@@ -114,9 +136,9 @@ class _Parser:
     def _string_length(self, what: str, tensor: str | None = None) -> int:
         length = self._int(_U64, f"the length of {what}")
         if length > MAX_STRING_LENGTH:
-            raise errors.StringTooLong(self.path, f"{what} is {length} bytes, over the 1 GiB limit", tensor)
+            raise StringTooLong(self.path, f"{what} is {length} bytes, over the 1 GiB limit", tensor)
         if length > self.file_size - self.pos:
-            raise errors.StringTooLong(
+            raise StringTooLong(
                 self.path, f"{what} is {length} bytes, more than the {self.file_size - self.pos} left", tensor
             )
         return length
@@ -138,22 +160,22 @@ class _Parser:
         self._need(4, "the magic")
         magic = self.buf[:4]
         if magic != MAGIC:
-            raise errors.InvalidMagic(path, f"the file starts with {magic!r}, not {MAGIC!r}")
+            raise InvalidMagic(path, f"the file starts with {magic!r}, not {MAGIC!r}")
         self.pos = 4
         version = self._version()
         n_tensors = self._int(_I64, "the tensor count")
         if n_tensors < 0:
-            raise errors.InvalidCount(path, f"tensor count {n_tensors} is negative (as llama.cpp's i64)")
+            raise InvalidCount(path, f"tensor count {n_tensors} is negative (as llama.cpp's i64)")
         n_kv = self._int(_I64, "the key/value count")
         if n_kv < 0:
-            raise errors.InvalidCount(path, f"key/value count {n_kv} is negative (as llama.cpp's i64)")
+            raise InvalidCount(path, f"key/value count {n_kv} is negative (as llama.cpp's i64)")
         left = self.file_size - self.pos
         if n_kv * _MIN_KV > left:
-            raise errors.InvalidCount(
+            raise InvalidCount(
                 path, f"{n_kv} key/values need at least {n_kv * _MIN_KV} bytes, the file has {left} left"
             )
         if n_kv * _MIN_KV + n_tensors * _MIN_TENSOR_INFO > left:
-            raise errors.InvalidCount(
+            raise InvalidCount(
                 path,
                 f"{n_tensors} tensor infos need at least {n_tensors * _MIN_TENSOR_INFO} bytes after the key/values, "
                 f"the file has {left} left",
@@ -165,7 +187,7 @@ class _Parser:
         header_size = self.pos
         data_offset = _pad(header_size, alignment) if n_tensors > 0 else header_size
         if data_offset > self.file_size:
-            raise errors.DataSectionOutOfFile(
+            raise DataSectionOutOfFile(
                 path,
                 f"the data section would start at byte {data_offset}, past the end of the {self.file_size}-byte file",
             )
@@ -175,16 +197,16 @@ class _Parser:
     def _version(self) -> int:
         version = self._int(_U32, "the version")
         if version == 0:
-            raise errors.UnsupportedVersion(self.path, "version 0 is not a GGUF version")
+            raise UnsupportedVersion(self.path, "version 0 is not a GGUF version")
         if version & 0xFFFF == 0:
             swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
-            raise errors.BigEndianFile(
+            raise BigEndianFile(
                 self.path, f"the version reads {version:#010x}: a big-endian file (version {swapped} byte-swapped)"
             )
         if version == 1:
-            raise errors.ObsoleteVersion(self.path, "version 1 is obsolete (llama.cpp reads versions 2 and 3)")
+            raise ObsoleteVersion(self.path, "version 1 is obsolete (llama.cpp reads versions 2 and 3)")
         if version > 3:
-            raise errors.UnsupportedVersion(self.path, f"version {version} is newer than 3, the latest llama.cpp reads")
+            raise UnsupportedVersion(self.path, f"version {version} is newer than 3, the latest llama.cpp reads")
         return version
 
     def _key_values(self, count: int) -> dict[str, KeyValue]:
@@ -193,9 +215,9 @@ class _Parser:
             self.kv_left = count - i - 1
             key = self._string(f"key {i}")
             if not key:
-                raise errors.EmptyKey(self.path, f"key {i} is empty")
+                raise EmptyKey(self.path, f"key {i} is empty")
             if key in found:
-                raise errors.DuplicateKvKey(self.path, f"key {key!r} appears twice (key {i})")
+                raise DuplicateKvKey(self.path, f"key {key!r} appears twice (key {i})")
             kind = self._int(_I32, f"the type of key {key!r}")
             if kind == GGUFValueType.ARRAY:
                 item = self._int(_I32, f"the element type of key {key!r}")
@@ -212,7 +234,7 @@ class _Parser:
             return self._string(f"the value of key {key!r}")
         scalar = _SCALARS.get(kind)
         if scalar is None:
-            raise errors.InvalidKvType(self.path, f"key {key!r} has type {kind}, not one of GGUF's 0-12")
+            raise InvalidKvType(self.path, f"key {key!r} has type {kind}, not one of GGUF's 0-12")
         dtype, size = scalar
         self._need(size, f"the value of key {key!r}")
         value = np.frombuffer(self.buf, dtype=dtype, count=1, offset=self.pos)[0]
@@ -225,15 +247,15 @@ class _Parser:
     def _array(self, key: str, item: int, length: int) -> tuple[KvValue, tuple[str, bytes] | None]:
         """The array's values, and its JSON where reading it made that already (an array of strings)."""
         if item == GGUFValueType.ARRAY:
-            raise errors.InvalidKvType(self.path, f"key {key!r} is an array of arrays, which llama.cpp does not read")
+            raise InvalidKvType(self.path, f"key {key!r} is an array of arrays, which llama.cpp does not read")
         if item != GGUFValueType.STRING and item not in _SCALARS:
-            raise errors.InvalidKvType(self.path, f"key {key!r} is an array of type {item}, not one of GGUF's 0-12")
+            raise InvalidKvType(self.path, f"key {key!r} is an array of type {item}, not one of GGUF's 0-12")
         if length > MAX_ARRAY_ELEMENTS:
-            raise errors.ArrayTooLong(self.path, f"key {key!r} has {length} elements, over the limit of 2^30")
+            raise ArrayTooLong(self.path, f"key {key!r} has {length} elements, over the limit of 2^30")
         item_size = 8 if item == GGUFValueType.STRING else _SCALARS[item][1]
         left = self.file_size - self.pos
         if length * item_size > left:
-            raise errors.ArrayTooLong(
+            raise ArrayTooLong(
                 self.path,
                 f"key {key!r} has {length} elements of at least {item_size} bytes, more than the {left} bytes left",
             )
@@ -287,11 +309,11 @@ class _Parser:
         if found is None:
             return DEFAULT_ALIGNMENT
         if found.type != GGUFValueType.UINT32:
-            raise errors.InvalidAlignment(self.path, f"{ALIGNMENT_KEY!r} is of type {found.type_name}, not u32")
+            raise InvalidAlignment(self.path, f"{ALIGNMENT_KEY!r} is of type {found.type_name}, not u32")
         alignment = found.value
         assert isinstance(alignment, int)
         if alignment == 0 or alignment & (alignment - 1):
-            raise errors.InvalidAlignment(self.path, f"{ALIGNMENT_KEY!r} is {alignment}, not a power of two")
+            raise InvalidAlignment(self.path, f"{ALIGNMENT_KEY!r} is {alignment}, not a power of two")
         return alignment
 
     def _tensor_infos(self, count: int) -> list[tuple[str, GgmlType, tuple[int, ...], int]]:
@@ -302,19 +324,19 @@ class _Parser:
             raw = self._string_bytes(f"the name of tensor {i}")
             name = raw.decode("utf-8", "surrogateescape")
             if len(raw) >= MAX_NAME:
-                raise errors.TensorNameTooLong(self.path, f"the name is {len(raw)} bytes, not under {MAX_NAME}", name)
+                raise TensorNameTooLong(self.path, f"the name is {len(raw)} bytes, not under {MAX_NAME}", name)
             c_name = raw.split(b"\0", 1)[0]  # ggml keeps a name as a C string
             if c_name in seen:
-                raise errors.DuplicateTensorName(self.path, f"tensor {i} repeats the name of an earlier one", name)
+                raise DuplicateTensorName(self.path, f"tensor {i} repeats the name of an earlier one", name)
             seen.add(c_name)
             n_dims = self._int(_U32, f"the dimension count of tensor {name!r}")
             if not 1 <= n_dims <= MAX_DIMS:  # llama.cpp refuses more than 4; SPEC §11 a tensor without any too
-                raise errors.InvalidDimensions(self.path, f"{n_dims} dimensions, not 1 to {MAX_DIMS}", name)
+                raise InvalidDimensions(self.path, f"{n_dims} dimensions, not 1 to {MAX_DIMS}", name)
             dims: tuple[int, ...] = ()
             for j in range(n_dims):
                 extent = self._int(_I64, f"dimension {j} of tensor {name!r}")
                 if extent < 0:
-                    raise errors.InvalidDimensions(self.path, f"dimension {j} is {extent}, negative", name)
+                    raise InvalidDimensions(self.path, f"dimension {j} is {extent}, negative", name)
                 dims += (extent,)
             ne = dims + (1,) * (MAX_DIMS - n_dims)
             if math.prod(ne) > 0 and (
@@ -322,20 +344,20 @@ class _Parser:
                 or INT64_MAX // ne[2] <= ne[0] * ne[1]
                 or INT64_MAX // ne[3] <= ne[0] * ne[1] * ne[2]
             ):
-                raise errors.GgufOverflow(self.path, f"dimensions {list(dims)} hold 2^63 - 1 elements or more", name)
+                raise GgufOverflow(self.path, f"dimensions {list(dims)} hold 2^63 - 1 elements or more", name)
             type_id = self._int(_I32, f"the type of tensor {name!r}")
             kind = GGML_TYPES.get(type_id)
             if kind is None:
-                raise errors.UnknownGgmlType(self.path, f"type {type_id} is not a GGML type gguf 0.19 knows", name)
+                raise UnknownGgmlType(self.path, f"type {type_id} is not a GGML type gguf 0.19 knows", name)
             if ne[0] % kind.block_size:
-                raise errors.RowNotBlockMultiple(
+                raise RowNotBlockMultiple(
                     self.path,
                     f"its first dimension {ne[0]} is not a multiple of {kind.name}'s block of {kind.block_size}",
                     name,
                 )
             elements = math.prod(ne)
             if elements // kind.block_size > SIZE_MAX // kind.type_size:
-                raise errors.GgufOverflow(self.path, f"{elements} {kind.name} elements take 2^64 bytes or more", name)
+                raise GgufOverflow(self.path, f"{elements} {kind.name} elements take 2^64 bytes or more", name)
             offset = self._int(_U64, f"the offset of tensor {name!r}")
             infos.append((name, kind, dims, offset))
         self.tensors_left = 0
@@ -348,7 +370,7 @@ class _Parser:
         expected = 0
         for name, kind, dims, offset in infos:
             if offset != expected:
-                raise errors.TensorOffsetMismatch(
+                raise TensorOffsetMismatch(
                     self.path,
                     f"offset {offset}, where the padded sizes of the tensors before it add up to {expected}",
                     name,
@@ -356,14 +378,14 @@ class _Parser:
             nbytes = kind.nbytes(math.prod(dims))
             padded = _pad(nbytes, alignment)
             if expected + padded > SIZE_MAX:
-                raise errors.GgufOverflow(self.path, f"the data section's size passes 2^64 at {nbytes} bytes", name)
+                raise GgufOverflow(self.path, f"the data section's size passes 2^64 at {nbytes} bytes", name)
             expected += padded
             tensors.append(GgufTensor(name, kind, dims, offset, nbytes, data_offset + offset))
         # llama.cpp's model loader: every tensor's bytes inside the file.
         for tensor in tensors:
             stop = tensor.file_offset + tensor.nbytes
             if stop > self.file_size:
-                raise errors.TensorOutOfFile(
+                raise TensorOutOfFile(
                     self.path,
                     f"its bytes {tensor.file_offset}-{stop} run past the end of the {self.file_size}-byte file",
                     tensor.name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ... import errors
+from .rules import DuplicateSplitTensor, MissingSplit, SplitOutOfPlace, SplitTensorCount
 from .types import _VALUE_TYPE_NAMES, GgufHeader, GgufSplitSet, GgufTensor, GGUFValueType, KeyValue
 
 # -- split sets (gguf-split) -------------------------------------------------------------------------------------
@@ -37,16 +37,16 @@ def merge_splits(name: str, files: Sequence[str], headers: Sequence[GgufHeader |
         raise ValueError("one header per split file")
     for file, header in zip(files, headers, strict=True):
         if header is None:
-            raise errors.MissingSplit(f"{file}: split of {name!r} is missing ({len(files)} splits)")
+            raise MissingSplit(f"{file}: split of {name!r} is missing ({len(files)} splits)")
     present = [h for h in headers if h is not None]
     for index, header in enumerate(present):
         number = _split_key(header, SPLIT_NO, GGUFValueType.UINT16)
         if number != index:
-            raise errors.SplitOutOfPlace(f"{header.path}: {SPLIT_NO} is {number}, but it is split {index} of {name!r}")
+            raise SplitOutOfPlace(f"{header.path}: {SPLIT_NO} is {number}, but it is split {index} of {name!r}")
     first = present[0]
     count = _split_key(first, SPLIT_COUNT, GGUFValueType.UINT16)
     if count != len(files):
-        raise errors.SplitOutOfPlace(f"{first.path}: {SPLIT_COUNT} is {count}, but {name!r} has {len(files)} splits")
+        raise SplitOutOfPlace(f"{first.path}: {SPLIT_COUNT} is {count}, but {name!r} has {len(files)} splits")
     expected = _split_key(first, SPLIT_TENSORS_COUNT, GGUFValueType.INT32)
     owner: dict[str, str] = {}
     tensors: list[tuple[str, GgufTensor]] = []
@@ -54,7 +54,7 @@ def merge_splits(name: str, files: Sequence[str], headers: Sequence[GgufHeader |
     for file, header in zip(files, present, strict=True):
         for tensor in header.tensors:
             if tensor.name in owner:
-                raise errors.DuplicateSplitTensor(
+                raise DuplicateSplitTensor(
                     f"{header.path}: tensor {tensor.name!r} is also in split {owner[tensor.name]}"
                 )
             owner[tensor.name] = file
@@ -62,7 +62,7 @@ def merge_splits(name: str, files: Sequence[str], headers: Sequence[GgufHeader |
         for key, kv in header.metadata.items():
             metadata.setdefault(key, kv)
     if len(tensors) != expected:
-        raise errors.SplitTensorCount(
+        raise SplitTensorCount(
             f"{first.path}: {SPLIT_TENSORS_COUNT} is {expected}, "
             f"but the {len(files)} splits hold {len(tensors)} tensors"
         )
@@ -72,10 +72,8 @@ def merge_splits(name: str, files: Sequence[str], headers: Sequence[GgufHeader |
 def _split_key(header: GgufHeader, key: str, kind: int) -> int:
     kv = header.metadata.get(key)
     if kv is None:
-        raise errors.SplitOutOfPlace(f"{header.path}: key {key!r} of a split is missing")
+        raise SplitOutOfPlace(f"{header.path}: key {key!r} of a split is missing")
     if kv.type != kind:
-        raise errors.SplitOutOfPlace(
-            f"{header.path}: key {key!r} is of type {kv.type_name}, not {_VALUE_TYPE_NAMES[kind]}"
-        )
+        raise SplitOutOfPlace(f"{header.path}: key {key!r} is of type {kv.type_name}, not {_VALUE_TYPE_NAMES[kind]}")
     assert isinstance(kv.value, int)
     return kv.value

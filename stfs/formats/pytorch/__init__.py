@@ -19,13 +19,14 @@ Two layouts, as ``torch.serialization`` writes them:
 The tar format of torch 0.x and TorchScript archives are refused. Learnt from torch's
 ``_weights_only_unpickler.py`` and ``serialization.py`` and candle's ``pickle.rs``; a copy of neither.
 
-One job a module, in the order the bytes flow: ``reads`` (the ``Read`` callables, checked), ``unpickler`` (the
+One job a module, in the order the bytes flow (through ``formats.base``'s ``read_exact`` and ``formats.zip``, whose
+refusals are worded as a checkpoint's, ``zip_archive.WORDS``): ``unpickler`` (the
 opcode loop and its bounds) making ``values`` (names, opaque calls, storages, tensors) through ``calls`` (what
 the rebuild functions, storage classes, ``OrderedDict`` mean) and ``allowed`` (torch's dtypes, storage classes
 and weights_only allow-list, as data); ``naming`` (the walk naming tensors by their path of keys),
 ``checkpoint`` (``Tensor``, ``Checkpoint``: each tensor placed in its storage), ``zip_archive`` and ``legacy``
-(the two layouts), ``writer`` (the equivalent safetensors file), ``gather`` (a strided tensor's bytes in C
-order); this module picks the layout and is the format seam (``fetch_header``).
+(the two layouts), ``writer`` (the equivalent safetensors file); a strided tensor's bytes are put in C order by
+``formats.gather``. This module picks the layout and is the format seam (``fetch_header``).
 
 Choices where SPEC §12 is silent:
 
@@ -52,34 +53,30 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import ClassVar
 
-from ... import errors
-from ..base import Format, Header, RangeFetcher, TensorEntry
+from .. import zip
+from ..base import Format, Header, RangeFetcher, Read, ReadMany, TensorEntry, read_exact
+from ..gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
 from .allowed import DCP_GLOBALS, IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
-from .gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
 from .legacy import LEGACY_FIRST_READ, LEGACY_MAGIC, LEGACY_MAGIC_LONG, LEGACY_PROTOCOL, read_legacy
 from .naming import MAX_NAME, MAX_NAME_CHARS, MAX_WALK_STEPS
-from .reads import COALESCE_GAP, Read, ReadMany, read_exact
+from .rules import LegacyTarCheckpoint, NotACheckpoint
 from .unpickler import MAX_INLINE, MAX_LINE, MAX_MEMO, MAX_NESTING, MAX_OPCODES, WINDOW
 from .writer import SafetensorsFile, header_json, safetensors_file, safetensors_header
-from .zip_archive import HEADER_SLACK, MAX_DIRECTORY, MAX_ZIP_ENTRIES, TAIL_READ, read_zip, zip_object
+from .zip_archive import WORDS, read_zip, zip_object
 
 __all__ = [
-    "COALESCE_GAP",
     "DCP_GLOBALS",
     "GATHER_ELEMENTS",
     "GATHER_GAP",
     "GATHER_WINDOW",
-    "HEADER_SLACK",
     "IMPORT_MAPPING",
     "LEGACY_FIRST_READ",
     "LEGACY_MAGIC",
     "LEGACY_MAGIC_LONG",
     "LEGACY_PROTOCOL",
-    "MAX_DIRECTORY",
     "MAX_INLINE",
     "MAX_LINE",
     "MAX_MEMO",
@@ -89,18 +86,14 @@ __all__ = [
     "MAX_OPCODES",
     "MAX_REBUILD_NESTING",
     "MAX_WALK_STEPS",
-    "MAX_ZIP_ENTRIES",
     "NAME_MAPPING",
     "STORAGE_DTYPES",
-    "TAIL_READ",
     "TORCH_DTYPES",
     "WEIGHTS_ONLY_GLOBALS",
     "WINDOW",
     "Checkpoint",
     "LeftOut",
     "PytorchEntry",
-    "Read",
-    "ReadMany",
     "SafetensorsFile",
     "Tensor",
     "detect",
@@ -132,31 +125,32 @@ def detect(head: bytes) -> str | None:
 
 
 def read_checkpoint(
-    read: Read,
+    read: RangeFetcher,
     size: int,
     *,
     path: str = "<checkpoint>",
     head: bytes | None = None,
     read_many: ReadMany | None = None,
 ) -> Checkpoint:
-    """Read and validate the checkpoint of ``size`` bytes behind ``read``; refusals raise ``errors.PytorchError``.
+    """Read and validate the checkpoint of ``size`` bytes behind ``read``; refusals raise ``PytorchError``.
 
     ``head``: the file's first bytes where the caller has them already (a remote source's first read), at
     least 512 of them or the whole file; else they are read. ``read_many``: see ``ReadMany``.
     """
     many = read_many or (lambda ranges: [read(offset, length) for offset, length in ranges])
-    if head is None or len(head) < min(size, 512):
-        head = read_exact(read, 0, min(size, 512), path)
-    kind = detect(head)
-    if kind == "zip":
-        return read_zip(read, many, size, path)
-    if kind == "legacy":
-        return read_legacy(read, many, size, path, head)
+    with zip.reworded(path, WORDS):
+        if head is None or len(head) < min(size, 512):
+            head = read_exact(read, 0, min(size, 512), path)
+        kind = detect(head)
+        if kind == "zip":
+            return read_zip(read, many, size, path)
+        if kind == "legacy":
+            return read_legacy(read, many, size, path, head)
     if kind == "tar":
-        raise errors.LegacyTarCheckpoint(
+        raise LegacyTarCheckpoint(
             path, "the tar format of PyTorch 0.x, which stfs does not read: re-save it with a current torch"
         )
-    raise errors.NotACheckpoint(path, "neither a torch.save zip archive nor a legacy torch.save file")
+    raise NotACheckpoint(path, "neither a torch.save zip archive nor a legacy torch.save file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +161,6 @@ class PytorchEntry(TensorEntry):
     ``tensor``: the reader's ``Tensor`` (its storage, strides and offset), where a strided one is gathered from.
     """
 
-    namespace: ClassVar[str] = "pytorch"
     tensor: Tensor | None = None
 
     @property
@@ -216,9 +209,7 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         json_made=made,
         parsed=checkpoint,
         warnings=checkpoint.warnings + unsafe_warnings(checkpoint),
-        format="pytorch",
         check_problems=unsafe_warnings(checkpoint),
-        scattered=not all(tensor.contiguous for tensor in served),
     )
 
 
@@ -242,6 +233,9 @@ def safetensors_name(path: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
+TORCH_FIRST = frozenset(("data.pkl", "constants.pkl", "version", ".format_version", "byteorder"))
+
+
 class _Pytorch(Format):
     name = "pytorch"
     title = "PyTorch checkpoint"
@@ -249,7 +243,14 @@ class _Pytorch(Format):
     confirm_in_folder = True  # any .bin: a checkpoint only if its first bytes are one's
 
     def sniff(self, head: bytes) -> bool:
-        return detect(head) is not None
+        """Its first bytes: a legacy file's pickle, a torch 0.x tar; a zip only where its first entry is one torch
+        writes in its top folder (``archive/data.pkl``; a TorchScript archive's ``data/0``, refused by its rule):
+        not any zip."""
+        kind = detect(head)
+        if kind != "zip":
+            return kind is not None
+        _, slash, inside = (zip.first_member(head) or "").partition("/")
+        return bool(slash) and (inside in TORCH_FIRST or inside.startswith(("data/", "code/")))
 
     def read_header(
         self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ... import errors
 from .allowed import STORAGE_DTYPES, TORCH_DTYPES
+from .rules import InvalidPickle, InvalidStorage, InvalidTensorArgs
 from .values import Global, Object, StorageRef, TensorRef, Unsupported, describe, dict_key
 
 MAX_REBUILD_NESTING = 8  # _rebuild_from_type_v2 wrapping itself
@@ -34,25 +34,23 @@ def persistent(pid: Any, storages: dict[str, StorageRef], path: str) -> Any:
     if kind != "storage":
         return Object(Global("persistent_load", "id"), pid)
     if len(pid) not in (5, 6):
-        raise errors.InvalidPickle(path, f"a storage's persistent id has {len(pid)} members, not 5 or 6")
+        raise InvalidPickle(path, f"a storage's persistent id has {len(pid)} members, not 5 or 6")
     storage_type, key, numel = pid[1], pid[2], pid[4]
     if isinstance(key, bytes):
         key = key.decode("ascii", "replace")
     if not isinstance(storage_type, Global) or type(key) is not str or type(numel) is not int or numel < 0:
-        raise errors.InvalidPickle(
-            path, f"a storage's persistent id is not (type, key, location, numel): {describe(pid)}"
-        )
+        raise InvalidPickle(path, f"a storage's persistent id is not (type, key, location, numel): {describe(pid)}")
     dtype = STORAGE_DTYPES.get(storage_type.name)
     view = None
     if len(pid) == 6 and pid[5] is not None:
         meta = pid[5]
         if not (isinstance(meta, tuple) and len(meta) == 3 and all(type(x) is int and x >= 0 for x in meta[1:])):
-            raise errors.InvalidPickle(path, f"storage {key!r}: its view is not (key, offset, size): {describe(meta)}")
+            raise InvalidPickle(path, f"storage {key!r}: its view is not (key, offset, size): {describe(meta)}")
         view = (meta[1], meta[2])
     ref = StorageRef(key, dtype, numel, view)
     known = storages.setdefault(key, ref)
     if (known.dtype, known.numel) != (ref.dtype, ref.numel):
-        raise errors.InvalidStorage(
+        raise InvalidStorage(
             path,
             f"storage {key!r} is named as {known.numel} x {known.dtype} and as {ref.numel} x {ref.dtype}",
         )
@@ -108,24 +106,22 @@ def call(callee: Any, args: Any, path: str, depth: int = 0) -> Any:
 def _rebuild_tensor(full: str, args: tuple[Any, ...], path: str) -> Any:
     v3 = full.endswith("_v3")
     if len(args) < (7 if v3 else 4):
-        raise errors.InvalidPickle(path, f"{full} takes at least {7 if v3 else 4} arguments, given {len(args)}")
+        raise InvalidPickle(path, f"{full} takes at least {7 if v3 else 4} arguments, given {len(args)}")
     storage, offset, shape, strides = args[:4]
     if not isinstance(storage, StorageRef):
-        raise errors.InvalidPickle(
-            path, f"{full}: the storage is {describe(storage)}, not a persistent id of a storage"
-        )
+        raise InvalidPickle(path, f"{full}: the storage is {describe(storage)}, not a persistent id of a storage")
     shape = _int_tuple(shape)
     strides = _int_tuple(strides)
     if shape is None or strides is None or len(shape) != len(strides):
-        raise errors.InvalidTensorArgs(
+        raise InvalidTensorArgs(
             path, f"{full}: shape {describe(args[2])} and strides {describe(args[3])} of one length"
         )
     if type(offset) is not int or not 0 <= offset < 2**63:
-        raise errors.InvalidTensorArgs(path, f"{full}: storage offset {describe(offset)}")
+        raise InvalidTensorArgs(path, f"{full}: storage offset {describe(offset)}")
     if v3:
         dtype_name = args[6]
         if not (isinstance(dtype_name, Global) and dtype_name.module == "torch"):
-            raise errors.InvalidPickle(path, f"{full}: the dtype is {describe(dtype_name)}, not a torch dtype")
+            raise InvalidPickle(path, f"{full}: the dtype is {describe(dtype_name)}, not a torch dtype")
         dtype = dtype_name.name
     else:
         if storage.dtype is None:
@@ -158,7 +154,7 @@ def build_tensor(state: Any, path: str) -> None:
     strides (or other data) unless the state is a Parameter's ``(requires_grad, _, backward_hooks)``. torch.save
     never writes one; any other is refused, as stfs cannot follow the change to every reference of the tensor."""
     if not (type(state) is tuple and len(state) == 3 and type(state[0]) is bool):
-        raise errors.InvalidTensorArgs(
+        raise InvalidTensorArgs(
             path,
             f"BUILD on a tensor with state {describe(state)}: it would change the tensor, which stfs does not follow",
         )
@@ -182,7 +178,7 @@ def _with_state(tensor: Any, state: Any, full: str, path: str) -> Any:
             continue
         for name in ("real", "imag"):
             if name in part:
-                raise errors.InvalidTensorArgs(
+                raise InvalidTensorArgs(
                     path,
                     f"{full}: its state sets {name!r}, copying values into its storage, which stfs does not follow",
                 )

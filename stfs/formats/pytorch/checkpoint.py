@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ... import errors
 from .allowed import TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
+from .rules import TensorOutOfStorage
 from .unpickler import Interpreter
 from .values import StorageRef, TensorRef, Unsupported
 
@@ -141,7 +141,7 @@ def checkpoint_tensors(
         if leaf.storage.view is not None:  # a legacy storage view: a slice of its root storage
             view_offset, view_size = (n * itemsize for n in leaf.storage.view)
             if view_offset + view_size > size:
-                raise errors.TensorOutOfStorage(
+                raise TensorOutOfStorage(
                     path, f"its storage is a view of bytes {view_offset}+{view_size} of a {size}-byte storage", name
                 )
             start, size = start + view_offset, view_size
@@ -158,7 +158,7 @@ def checkpoint_tensors(
         )
         span_start, span_size = tensor.span
         if span_size and span_start + span_size > start + size:
-            raise errors.TensorOutOfStorage(
+            raise TensorOutOfStorage(
                 path,
                 f"shape {list(tensor.shape)}, strides {list(tensor.strides)} and storage offset "
                 f"{tensor.storage_offset} reach byte {span_start + span_size - start} of a {size}-byte storage",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ... import errors
+from .rules import PickleLimitExceeded, PickleTooDeep
 from .unpickler import MAX_NESTING
 from .values import LEAVES, SCALARS, Global, Key, Large, Object, Set, TensorRef, Unsupported, describe
 
@@ -85,14 +85,14 @@ class Walker:
                 continue
             self.steps += 1
             if self.steps > MAX_WALK_STEPS:
-                raise errors.PickleLimitExceeded(
+                raise PickleLimitExceeded(
                     self.path, f"naming its tensors takes more than {MAX_WALK_STEPS:,} steps (a structure reused)"
                 )
             key, child = step
             name = _segment(key) if prefix is None else f"{prefix}.{_segment(key)}"
             self.chars += len(name)
             if len(name) > MAX_NAME or self.chars > MAX_NAME_CHARS:
-                raise errors.PickleLimitExceeded(
+                raise PickleLimitExceeded(
                     self.path, f"a path of keys over {MAX_NAME:,} characters, or all of them over {MAX_NAME_CHARS:,}"
                 )
             if isinstance(child, LEAVES):
@@ -107,7 +107,7 @@ class Walker:
             if not grand:
                 continue
             if len(frames) >= MAX_NESTING:
-                raise errors.PickleTooDeep(self.path, f"containers nest more than {MAX_NESTING} deep")
+                raise PickleTooDeep(self.path, f"containers nest more than {MAX_NESTING} deep")
             frames.append((iter(grand), name, cid))
             on_path.add(cid)
         return out

@@ -9,9 +9,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import errors
+from ..base import RangeFetcher as Read
+from ..base import read_exact
 from .allowed import IMPORT_MAPPING, NAME_MAPPING
 from .calls import build_tensor, call, new, persistent
-from .reads import Read, read_exact
+from .rules import InvalidPickle, PickleLimitExceeded, PickleStringTooLong, PickleTooDeep
 from .values import Global, Large, Object, Set, StorageRef, TensorRef, describe, dict_key
 
 # Bounds of the pickle reader (SPEC §12): past one, the file is invalid input.
@@ -49,7 +51,7 @@ class Stream:
         self.base += pos
         rest = self.data[pos:]
         if self.base + need > self.limit:
-            raise errors.InvalidPickle(self.path, f"the pickle ends inside an opcode (at byte {self.limit})")
+            raise InvalidPickle(self.path, f"the pickle ends inside an opcode (at byte {self.limit})")
         want = min(max(need - len(rest), self.window), self.limit - self.base - len(rest))
         self.window = min(self.window * 2, WINDOW)
         self.data = rest + read_exact(self.read, self.base + len(rest), want, self.path)
@@ -58,7 +60,7 @@ class Stream:
     def skip(self, pos: int, size: int, what: str) -> tuple[bytes, int]:
         """Move past ``size`` bytes from ``pos`` without reading them."""
         if self.base + pos + size > self.limit:
-            raise errors.PickleStringTooLong(
+            raise PickleStringTooLong(
                 self.path, f"a {what} of {size} bytes at byte {self.base + pos} runs past the end of the pickle"
             )
         if pos + size <= len(self.data):
@@ -92,8 +94,8 @@ class Interpreter:
             self.globals.setdefault(found.full, None)
         return found
 
-    def _fail(self, detail: str) -> errors.InvalidPickle:
-        return errors.InvalidPickle(self.path, detail)
+    def _fail(self, detail: str) -> InvalidPickle:
+        return InvalidPickle(self.path, detail)
 
     # -- the loop --
 
@@ -116,7 +118,7 @@ class Interpreter:
                 pos += 1
                 opcodes += 1
                 if opcodes > MAX_OPCODES:
-                    raise errors.PickleLimitExceeded(path, f"more than {MAX_OPCODES:,} opcodes")
+                    raise PickleLimitExceeded(path, f"more than {MAX_OPCODES:,} opcodes")
                 # Most frequent first, as torch.save's pickles use them (protocols 2 and 4).
                 if op == 0x71 or op == 0x72:  # BINPUT, LONG_BINPUT
                     width = 1 if op == 0x71 else 4
@@ -126,7 +128,7 @@ class Interpreter:
                     index = data[pos] if width == 1 else _UNPACK_U32(data, pos)[0]
                     pos += width
                     if len(memo) >= MAX_MEMO and index not in memo:
-                        raise errors.PickleLimitExceeded(path, f"more than {MAX_MEMO:,} memo entries")
+                        raise PickleLimitExceeded(path, f"more than {MAX_MEMO:,} memo entries")
                     memo[index] = stack[-1]
                 elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
                     width = 1 if op == 0x68 else 4
@@ -181,7 +183,7 @@ class Interpreter:
                         push(chunk)
                 elif op == 0x28:  # MARK
                     if len(marks) >= MAX_NESTING:
-                        raise errors.PickleTooDeep(path, f"more than {MAX_NESTING} marks open at once")
+                        raise PickleTooDeep(path, f"more than {MAX_NESTING} marks open at once")
                     marks.append(len(stack))
                 elif op == 0x74:  # TUPLE
                     start = marks.pop()
@@ -211,7 +213,7 @@ class Interpreter:
                     stack[-1] = (stack[-1], second)
                 elif op == 0x94:  # MEMOIZE
                     if len(memo) >= MAX_MEMO:
-                        raise errors.PickleLimitExceeded(path, f"more than {MAX_MEMO:,} memo entries")
+                        raise PickleLimitExceeded(path, f"more than {MAX_MEMO:,} memo entries")
                     memo[len(memo)] = stack[-1]
                 elif op == 0x51:  # BINPERSID
                     stack[-1] = persistent(stack[-1], self.storages, path)
@@ -409,14 +411,14 @@ class Interpreter:
         end = data.find(b"\n", pos)
         while end < 0:
             if len(data) - pos > MAX_LINE:
-                raise errors.PickleStringTooLong(self.path, f"a line longer than {MAX_LINE} bytes")
+                raise PickleStringTooLong(self.path, f"a line longer than {MAX_LINE} bytes")
             if stream.base + len(data) >= stream.limit:
                 raise self._fail("the pickle ends inside a line")
             have = len(data) - pos
             data, pos = stream.refill(pos, min(have + 1, stream.limit - stream.base - pos))
             end = data.find(b"\n", pos + have)
         if end - pos > MAX_LINE:
-            raise errors.PickleStringTooLong(self.path, f"a line longer than {MAX_LINE} bytes")
+            raise PickleStringTooLong(self.path, f"a line longer than {MAX_LINE} bytes")
         line = data[pos:end]
         if raw:
             return line, data, end + 1
@@ -445,7 +447,7 @@ class Interpreter:
         elif op == 0x70:  # PUT
             index = int(line)
             if len(memo) >= MAX_MEMO and index not in memo:
-                raise errors.PickleLimitExceeded(self.path, f"more than {MAX_MEMO:,} memo entries")
+                raise PickleLimitExceeded(self.path, f"more than {MAX_MEMO:,} memo entries")
             memo[index] = stack[-1]
         elif op == 0x50:  # PERSID
             stack.append(persistent(line.decode("ascii"), self.storages, self.path))

@@ -1,16 +1,62 @@
-"""A strided tensor's bytes in C order, gathered from its storage."""
+"""A strided tensor's bytes in C order, gathered from its storage: every format's whose tensors are a shape and
+strides over a run of bytes (a PyTorch checkpoint's transpose, a Fortran-order NumPy array), as a ``Scattered``."""
 
 from __future__ import annotations
 
-from .checkpoint import Tensor
-from .reads import Read, read_exact
+from dataclasses import dataclass
+from typing import Protocol
+
+from .base import RangeFetcher, read_exact
+
+
+class Elements(Protocol):
+    """Where a strided tensor's elements lie: ``storage_offset`` and ``strides`` count elements of ``itemsize``
+    bytes from the absolute ``storage_start`` of its file."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def strides(self) -> tuple[int, ...]: ...
+    @property
+    def itemsize(self) -> int: ...
+    @property
+    def storage_offset(self) -> int: ...
+    @property
+    def storage_start(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Strided:
+    """A tensor of ``shape`` whose element (i, j, ...) lies at element ``storage_offset + i*strides[0] + ...`` from
+    ``storage_start``, as a ``Scattered``: its elements gathered in C order as read."""
+
+    storage_start: int
+    storage_offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    itemsize: int
+
+    @property
+    def offset(self) -> int:
+        return self.storage_start + self.storage_offset * self.itemsize
+
+    @property
+    def span(self) -> tuple[int, int]:
+        if 0 in self.shape:
+            return (self.offset, 0)
+        last = sum((size - 1) * stride for size, stride in zip(self.shape, self.strides, strict=True))
+        return (self.offset, (last + 1) * self.itemsize)
+
+    def read_into(self, read: RangeFetcher, begin: int, view: memoryview) -> None:
+        gather_into(self, read, begin, view)
+
 
 GATHER_WINDOW = 8 << 20  # the most bytes of a storage one read of a strided tensor asks for
 GATHER_GAP = 64 << 10  # elements further apart than this are read apart (a gap costs more than another read)
 GATHER_ELEMENTS = 1 << 18  # elements of a strided tensor gathered at once: their positions are 2 MiB of int64
 
 
-def gather_into(tensor: Tensor, read: Read, begin: int, view: memoryview) -> None:
+def gather_into(tensor: Elements, read: RangeFetcher, begin: int, view: memoryview) -> None:
     """Fill ``view`` with the bytes from ``begin`` of the tensor's elements in C order (within ``nbytes``).
 
     Bounded whatever the tensor's size: ``GATHER_ELEMENTS`` elements at a time, whose positions in the storage are
