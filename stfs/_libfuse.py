@@ -38,7 +38,7 @@ import mfusepy
 
 from . import errors, stopping
 from .failed_reads import FailedReads
-from .nodes import Decoded, DirNode, FileNode, Gathered, Node, Range, ShardData, clamp, pieces
+from .nodes import Decoded, DirNode, FileNode, Gathered, Node, Range, ShardData, clamp, lower, pieces
 from .readahead import Readahead
 from .sources import PAGE, ByteSource, SpliceSource
 from .stats import Stats, counted, from_environment
@@ -288,6 +288,15 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
     tree, source = operations.tree, operations.source
     descriptor = getattr(source, "descriptor", None)  # local files: C reads them from its own duplicates
     share_blocks = getattr(source, "share_blocks", None)  # remote files: C reads what their block cache holds
+    gathered_by_python: list[tuple[FileNode, str]] = []
+
+    def lowered(node: FileNode) -> list[Any] | None:
+        found = lower(node)
+        if isinstance(found, str):
+            gathered_by_python.append((node, found))
+            return None
+        return found
+
     try:
         keys, native_files, python_files = _native.build(
             tree.root,
@@ -297,6 +306,7 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
             tree.inode_limit,
             descriptor is not None or share_blocks is not None,
             ShardData,
+            lowered,
         )
         _native.windows(tree.readahead_kb)
         if share_blocks is not None:
@@ -320,6 +330,15 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
         _native.close()
         log.warning("requests are served from Python: the C tables could not be built (%s)", exc)
         return None
+    if gathered_by_python:  # once: C gathers every other tensor
+        node, why = gathered_by_python[0]
+        tensor = node.tensor.name if node.tensor is not None else f"inode {node.inode}"
+        log.info(
+            "%d gathered files are read by Python, not C, more slowly: the first, of tensor %r: %s",
+            len(gathered_by_python),
+            tensor,
+            why,
+        )
     operations.readahead.answer_in(_native)
     if stats is not None:
         stats.also_count(_native.counts)

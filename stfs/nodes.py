@@ -17,7 +17,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from .chunks import CHUNK_BYTES, ReadInto, TensorBytes
-from .formats import Scattered, TensorEntry
+from .formats import Rows, Scattered, TensorEntry
+from .sources import join_key, parent_key
 
 if TYPE_CHECKING:
     from .decode import Codec
@@ -314,6 +315,54 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
             view[done : done + length] = segment[start : start + length]  # type: ignore[index]
         done += length
     return done
+
+
+PART_LIMIT = 1 << 18  # runs of one file a reader outside Python walks at most: its tables stay bounded (8 MiB)
+
+Part = tuple[str, int, int, int]  # (source key, first, length, stride): see formats.Rows
+Block = bytes | tuple[int, tuple[Part, ...]]  # bytes, or (rows, parts)
+
+
+def lower(node: FileNode, limit: int = PART_LIMIT) -> list[Block] | str | None:
+    """``node``'s bytes as blocks of runs, for a reader outside Python to walk as it walks a range (``stfs._native``):
+    bytes, or ``(rows, parts)``: a ``formats.Rows`` whose parts name their source by key. ``None`` for a file that
+    is one ``Range`` (read as a range already) or holds no ``Range`` or ``Gathered`` (bytes alone, decoded values, a
+    summary); why not for one whose gathered tensor is not (``Scattered.layout``: a transpose, too many runs)."""
+    stored = node.stored
+    if type(stored) is not tuple or (len(stored) == 1 and type(stored[0]) is Range):
+        return None
+    if not any(type(segment) is Gathered or type(segment) is Range for segment in stored):
+        return None
+    blocks: list[Block] = []
+    used = 0
+    for segment in stored:
+        if type(segment) is bytes:
+            blocks.append(segment)
+        elif type(segment) is Range:
+            if segment.size:
+                blocks.append((1, ((segment.key, segment.offset, segment.size, segment.size),)))
+                used += 1
+        elif type(segment) is Gathered:
+            layout = segment.tensor.layout(limit - used)
+            if isinstance(layout, str):
+                return layout
+            folder = parent_key(segment.key)
+            for block in layout:
+                if type(block) is bytes:
+                    blocks.append(block)
+                    continue
+                assert isinstance(block, Rows)
+                used += len(block.parts)
+                parts = tuple(
+                    (segment.key if file is None else join_key(folder, file), first, length, stride)
+                    for file, first, length, stride in block.parts
+                )
+                blocks.append((block.count, parts))
+        else:
+            return None
+        if used > limit:
+            return f"more than {limit} runs"
+    return blocks
 
 
 def tensor_xattrs(node: FileNode) -> dict[str, bytes]:

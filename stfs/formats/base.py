@@ -32,6 +32,25 @@ class Folder(Protocol):
         ...
 
 
+Part = tuple[str | None, int, int, int]  # (file, first, length, stride): see Rows
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """The next ``count`` rows of a tensor's bytes in C order, each row the concatenation of its ``parts``: part
+    ``(file, first, length, stride)`` is ``length`` bytes from ``first + row * stride`` of ``file`` (``None``: the
+    tensor's own file; else another file of its folder, as ``Read`` names it). A tensor of one run is one row of one
+    part; one sharded by rows one row of a part per chunk; one sharded by columns a row per tensor row, a part per
+    chunk: what a reader that is not Python walks as it walks a range (stfs._native)."""
+
+    count: int
+    parts: tuple[Part, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(part[2] for part in self.parts)
+
+
 class Scattered(Protocol):
     """A tensor whose bytes in C order are not one range of its file (a strided tensor of a checkpoint): its
     elements are gathered from ``span`` as they are read."""
@@ -48,6 +67,11 @@ class Scattered(Protocol):
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
         """Fill ``view`` with its bytes in C order from ``begin``, reading its file (or files) through ``read``."""
+        ...
+
+    def layout(self, limit: int) -> tuple[Rows | bytes, ...] | str:
+        """Its bytes in C order as ``Rows`` of runs of its files (or bytes it holds), at most ``limit`` parts in all;
+        else why not (a transpose: every element a run of its own; more parts than ``limit``)."""
         ...
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .. import errors
-from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable, header_json
+from .base import Format, Header, RangeFetcher, Read, Rows, TensorEntry, encodable, header_json
 from .dtypes import DTYPE_BITS
 
 # Bytes read at once while walking the framing: a window after a jump over a payload, doubled while the walk reads
@@ -378,6 +378,9 @@ class Held:
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
         view[:] = self.data[begin : begin + len(view)]
+
+    def layout(self, limit: int) -> tuple[Rows | bytes, ...] | str:
+        return (self.data,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,11 +55,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ... import errors
-from ..base import Format, Header, RangeFetcher, TensorEntry
+from ..base import Format, Header, RangeFetcher, Rows, TensorEntry
 from .allowed import DCP_GLOBALS, IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
-from .gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
+from .gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into, strided_layout
 from .legacy import LEGACY_FIRST_READ, LEGACY_MAGIC, LEGACY_MAGIC_LONG, LEGACY_PROTOCOL, read_legacy
 from .naming import MAX_NAME, MAX_NAME_CHARS, MAX_WALK_STEPS
 from .reads import COALESCE_GAP, Read, ReadMany, read_exact
@@ -192,6 +192,9 @@ class Strided:
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
         gather_into(self.tensor, read, begin, view)
+
+    def layout(self, limit: int) -> tuple[Rows | bytes, ...] | str:
+        return strided_layout(self.tensor, limit)
 
 
 def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0) -> Header:
