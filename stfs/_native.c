@@ -877,6 +877,14 @@ static int pieces_move(pipe_t *pipe, const node_t *node, uint64_t offset, size_t
     return 1;
 }
 
+/* Counted: a read of a file of pieces answered, and of those from the block cache (its first block's first part is
+ * remote: a mount's sources are all local or all remote). */
+static void count_pieces(const node_t *node, size_t size, size_t served) {
+    count_read(size, served);
+    const block_t *block = &g.blocks[node->offset];
+    if (block->count && g.sources[g.parts[block->first].source].blocks != NULL) count(C_READ_CACHED);
+}
+
 /* A read of a file of pieces: 0 with the reply in *bufp, 1 where Python answers. */
 static int pieces_read(const node_t *node, uint64_t offset, size_t count, size_t size, struct fuse_bufvec **bufp) {
     pipe_t *pipe = thread_pipe();
@@ -885,7 +893,7 @@ static int pieces_read(const node_t *node, uint64_t offset, size_t count, size_t
     int spliced = count >= SPLICE_MIN && splices(find_block(node->offset, node->source, offset));
     if (spliced) {
         if (pieces_move(pipe, node, offset, count, NULL)) {
-            count_read(size, count);
+            count_pieces(node, size, count);
             return reply(bufp, count, NULL, pipe->read_fd);
         }
         pipe_drain(pipe); /* a full pipe (short runs take a slot a page), or a failure: copied, or Python's */
@@ -900,7 +908,7 @@ static int pieces_read(const node_t *node, uint64_t offset, size_t count, size_t
             free(memory);
             return 1;
         }
-        count_read(size, count);
+        count_pieces(node, size, count);
         return reply(bufp, count, memory, -1);
     }
     if (pipe->scratch == NULL && (pipe->scratch = aligned_alloc(PAGE, (pipe->limit + PAGE - 1) / PAGE * PAGE)) == NULL)
@@ -920,7 +928,7 @@ static int pieces_read(const node_t *node, uint64_t offset, size_t count, size_t
             return 1;
         }
     }
-    count_read(size, count);
+    count_pieces(node, size, count);
     return reply(bufp, count, NULL, pipe->read_fd);
 }
 

@@ -324,3 +324,112 @@ def test_a_tensor_c_cannot_walk_is_read_by_python_and_one_line_says_so(tmp_path:
     answered = [line for line in log_file.read_text().splitlines() if "answered in C" in line]
     # C: files/views.pt and the two views it walks; Python: the transposes, header.json and metadata/format
     assert answered and "reads of 3 files from 1 of 1 sources (4 files read by Python)" in answered[0], answered
+
+
+# -- remote: a gathered tensor costs its bytes ---------------------------------------------------------------------
+
+REMOTE = {  # name: (shape, placement over two ranks); each rank's file holds its chunk of each, in this order
+    "columns": ((1024, 1024), "S1"),  # 4 MiB: two 2 MiB chunks, a run per row in each
+    "rows": ((1024, 1024), "S0"),
+    "after": ((512, 1024), "S1"),  # a tensor after them in each file: not fetched with them
+}
+
+
+def remote_full(name: str) -> Any:
+    generator = torch.Generator().manual_seed(sum(map(ord, name)))
+    return torch.randn(REMOTE[name][0], generator=generator)
+
+
+def _remote_rank(rank: int, world: int, port: int, folder: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        state = {
+            name: distribute_tensor(remote_full(name), mesh, [Shard(int(placement[1]))])
+            for name, (_, placement) in REMOTE.items()
+        }
+        dcp.save(state, checkpoint_id=folder)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.test_dcp_format import free_port
+
+    folder = tmp_path_factory.mktemp("two") / "checkpoint"
+    torch.multiprocessing.spawn(_remote_rank, args=(2, free_port(), str(folder)), nprocs=2)
+    return folder
+
+
+@pytest.mark.parametrize("server", ["http", "hub", "s3"])
+def test_a_remote_gathered_tensor_costs_its_bytes(
+    server: str, two_ranks: Path, request: pytest.FixtureRequest, mount: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A two-rank checkpoint over HTTP (nginx), in a Hub repository and on S3 (moto, through a counting proxy):
+    reading a whole 4 MiB tensor sharded by columns (or rows, or a 2 MiB one after them in each file) fetches at
+    most 1.1 times its bytes (SPEC §7): a fetch stops at its chunk's end, and reading ahead follows the chunks, not
+    the file on past them; read again, nothing is fetched (C answers from the block cache). So does reading every
+    tensor."""
+    files = {file.name: file.read_bytes() for file in two_ranks.iterdir()}
+    if server == "http":
+        nginx = request.getfixturevalue("nginx")
+        source = [nginx.put(f"two/{name}", data) for name, data in files.items() if name == ".metadata"][0]
+        for name, data in files.items():
+            nginx.put(f"two/{name}", data)
+
+        def fetched() -> int:
+            return int(nginx.log.transfer().bytes)
+
+        def clear() -> None:
+            nginx.log.clear()
+
+    elif server == "hub":
+        hub = request.getfixturevalue("hub")
+        hub.publish_repo("org", "two", files)
+        source = "hf://org/two"
+
+        def fetched() -> int:
+            return int(hub.cdn_log.transfer().bytes)
+
+        def clear() -> None:
+            hub.cdn_log.clear()
+
+    else:
+        s3 = request.getfixturevalue("s3")
+        s3.create_bucket("bucket")
+        for name, data in files.items():
+            s3.put_object("bucket", f"two/{name}", data)
+        proxy = request.getfixturevalue("fault_proxy")(s3.endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        source = "s3://bucket/two/"
+        seen = [0]
+
+        def fetched() -> int:
+            return sum(entry.body_bytes for entry in proxy.requests()[seen[0] :])
+
+        def clear() -> None:
+            seen[0] = len(proxy.requests())
+
+    for name in REMOTE:  # one tensor alone, a fresh mount each
+        mnt = mount(source)
+        expected = raw(remote_full(name))
+        path = os.path.join(mnt, "tensors", name)
+        clear()
+        assert read_cold(path) == expected, name
+        cost = fetched()  # (what of it the first read of each file at mount holds is not fetched again)
+        assert cost <= 1.1 * len(expected), (name, cost)
+        clear()
+        assert read_cold(path) == expected, name
+        assert fetched() == 0, name
+    mnt = mount(source)  # the whole checkpoint, tensor after tensor
+    clear()
+    for name in REMOTE:
+        assert read_cold(os.path.join(mnt, "tensors", name)) == raw(remote_full(name)), name
+    total = sum(len(raw(remote_full(name))) for name in REMOTE)
+    assert fetched() <= 1.1 * total, (fetched(), total)

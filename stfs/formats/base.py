@@ -14,9 +14,13 @@ RangeFetcher = Callable[[int, int], bytes]  # (offset, size) -> bytes, short onl
 
 class Read(Protocol):
     """How a ``Scattered`` reads: exactly ``size`` bytes from the absolute ``offset`` of its tensor's file, or of
-    ``file``, another file of that file's folder named as a header names it (a DCP tensor's chunks in several)."""
+    ``file``, another file of that file's folder named as a header names it (a DCP tensor's chunks in several);
+    ``span`` (absolute ``(first, end)`` in that file) the bytes the read is part of (its chunk), within which a remote
+    source fetches and reads ahead, as it does within a tensor."""
 
-    def __call__(self, offset: int, size: int, file: str | None = None) -> bytes: ...
+    def __call__(
+        self, offset: int, size: int, file: str | None = None, span: tuple[int, int] | None = None
+    ) -> bytes: ...
 
 
 class Folder(Protocol):

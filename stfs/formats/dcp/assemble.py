@@ -278,10 +278,12 @@ def _piece_bytes(part: Piece, read: Read, low: int, high: int) -> bytes:
     """The bytes of ``part``'s elements ``low`` to ``high`` (excluded) in its C order: one range of its file, or
     gathered from its storage where its ``torch.save`` holds a strided tensor."""
     tensor, size = part.tensor, part.tensor.itemsize
+    first, length = tensor.span
+    span = (first, first + length)  # a remote source fetches and reads ahead within the chunk, not past it
     if tensor.contiguous:
-        return read(tensor.offset + low * size, (high - low) * size, part.file)
+        return read(tensor.offset + low * size, (high - low) * size, part.file, span)
     found = bytearray((high - low) * size)
-    gather_into(tensor, lambda offset, length: read(offset, length, part.file), low * size, memoryview(found))
+    gather_into(tensor, lambda offset, count: read(offset, count, part.file, span), low * size, memoryview(found))
     return bytes(found)
 
 
