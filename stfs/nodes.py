@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import stat
 import threading
+from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 from .chunks import CHUNK_BYTES, ReadInto, TensorBytes
@@ -363,6 +364,69 @@ def lower(node: FileNode, limit: int = PART_LIMIT) -> list[Block] | str | None:
         if used > limit:
             return f"more than {limit} runs"
     return blocks
+
+
+class Lowered:
+    """A file's blocks (``lower``), where each starts, and each part's extent in its source as a ``Range`` (a
+    chunk): a read of it as runs of its sources, as stfs._native walks them, each within its part's extent."""
+
+    __slots__ = ("blocks", "starts")
+
+    def __init__(self, blocks: list[Block]) -> None:
+        self.blocks: list[bytes | tuple[int, int, tuple[tuple[Range, int, int], ...]]] = []
+        self.starts: list[int] = []
+        position = 0
+        for block in blocks:
+            if type(block) is bytes:
+                if block:
+                    self.starts.append(position)
+                    self.blocks.append(block)
+                    position += len(block)
+                continue
+            assert type(block) is tuple
+            rows, parts = block
+            extents = tuple(
+                (Range(key, first, (rows - 1) * stride + length), length, stride)
+                for key, first, length, stride in parts
+            )
+            row_bytes = sum(length for _, length, _ in extents)
+            self.starts.append(position)
+            self.blocks.append((rows, row_bytes, extents))
+            position += rows * row_bytes
+
+    def runs(self, offset: int, count: int, limit: int) -> list[tuple[Segment, int, int]] | None:
+        """The ``count`` bytes from ``offset`` (within the file) as pieces: runs of sources (``(extent, start within
+        it, length)``) and bytes; ``None`` if they are more than ``limit``."""
+        found: list[tuple[Segment, int, int]] = []
+        index = bisect_right(self.starts, offset) - 1
+        position, end = offset, offset + count
+        while position < end:
+            block, start = self.blocks[index], self.starts[index]
+            index += 1
+            if type(block) is bytes:
+                take = min(end, start + len(block)) - position
+                found.append((block, position - start, take))
+                position += take
+                continue
+            assert type(block) is tuple
+            rows, row_bytes, extents = block
+            row, within = divmod(position - start, row_bytes)
+            part = 0
+            while within >= extents[part][1]:
+                within -= extents[part][1]
+                part += 1
+            while position < end and row < rows:
+                extent, length, stride = extents[part]
+                take = min(length - within, end - position)
+                found.append((extent, row * stride + within, take))
+                if len(found) > limit:
+                    return None
+                position += take
+                within = 0
+                part += 1
+                if part == len(extents):
+                    part, row = 0, row + 1
+        return found
 
 
 def tensor_xattrs(node: FileNode) -> dict[str, bytes]:

@@ -334,7 +334,7 @@ def test_any_grid_of_chunks_is_gathered_in_c_order(
         for name, data in files.items():
             (tmp_path / name).write_bytes(data)
 
-        def read(offset: int, size: int, file: str | None = None) -> bytes:
+        def read(offset: int, size: int, file: str | None = None, span: tuple[int, int] | None = None) -> bytes:
             with open(tmp_path / str(file), "rb") as stream:
                 return os.pread(stream.fileno(), size, offset)
 

@@ -69,7 +69,14 @@ def test_the_layout_of_any_grid_of_chunks_is_what_the_gather_routine_gives(tmp_p
             tensor = Tensor("", "U8", sizes, strides, size, "0", 0, start, block.nbytes)
             pieces.append(assemble.piece(file, offsets, sizes, tensor, shape))
 
-        def read(offset: int, length: int, file: str | None = None, files: dict[str, bytearray] = files) -> bytes:
+        def read(
+            offset: int,
+            length: int,
+            file: str | None = None,
+            span: tuple[int, int] | None = None,
+            files: dict[str, bytearray] = files,
+        ) -> bytes:
+            assert span is None or span[0] <= offset and offset + length <= span[1]  # a read within its chunk
             return bytes(files[str(file)][offset : offset + length])
 
         gathered = assemble.Assembled(shape, size, tuple(sorted(pieces, key=lambda part: part.first)))
@@ -111,7 +118,7 @@ def test_the_layout_of_a_strided_view_is_what_the_gather_routine_gives() -> None
             "", "I16", tuple(view.shape), tuple(view.stride()), 2, "0", view.storage_offset(), 100, len(storage)
         )
 
-        def read(offset: int, length: int, file: str | None = None) -> bytes:
+        def read(offset: int, length: int, file: str | None = None, span: tuple[int, int] | None = None) -> bytes:
             return storage[offset - 100 : offset - 100 + length]
 
         expected = bytearray(tensor.nbytes)
