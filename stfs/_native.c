@@ -810,11 +810,72 @@ static int splices(const block_t *block) {
     return 1;
 }
 
+/* Copies of a reply's runs of local sources, gathered: the runs of one source that follow one another there (a
+ * chunk's rows, each beside another chunk's in the reply) are one preadv, an iovec a run. */
+#define BATCH_SOURCES 8
+#define BATCH_RUNS 128
+typedef struct {
+    int fd;
+    uint64_t start, next;
+    int count;
+    size_t bytes;
+    struct iovec iov[BATCH_RUNS];
+} batch_t;
+
+static int batch_flush(batch_t *batch) {
+    if (batch->count == 0) return 1;
+    size_t done = 0;
+    int first = 0;
+    while (done < batch->bytes) { /* short only at the end of the file (a truncated source) or on a signal */
+        ssize_t got = preadv(batch->fd, batch->iov + first, batch->count - first, (off_t)(batch->start + done));
+        if (got <= 0) {
+            if (got < 0 && errno == EINTR) continue;
+            return 0;
+        }
+        done += (size_t)got;
+        while (first < batch->count && (size_t)got >= batch->iov[first].iov_len)
+            got -= (ssize_t)batch->iov[first++].iov_len;
+        if (first < batch->count) {
+            batch->iov[first].iov_base = (char *)batch->iov[first].iov_base + got;
+            batch->iov[first].iov_len -= (size_t)got;
+        }
+    }
+    batch->count = 0;
+    batch->bytes = 0;
+    return 1;
+}
+
+/* Copy length bytes of the local source at fd from position to memory, as part of batches. */
+static int batch_add(batch_t *batches, int *nbatches, int fd, uint64_t position, size_t length, char *memory) {
+    batch_t *batch = NULL;
+    for (int i = 0; i < *nbatches && batch == NULL; i++)
+        if (batches[i].fd == fd) batch = &batches[i];
+    if (batch == NULL) {
+        if (*nbatches == BATCH_SOURCES) {
+            for (int i = 0; i < *nbatches; i++)
+                if (!batch_flush(&batches[i])) return 0;
+            *nbatches = 0;
+        }
+        batch = &batches[(*nbatches)++];
+        batch->fd = fd;
+        batch->count = 0;
+        batch->bytes = 0;
+    }
+    if (batch->count && (batch->next != position || batch->count == BATCH_RUNS) && !batch_flush(batch)) return 0;
+    if (batch->count == 0) batch->start = batch->next = position;
+    batch->iov[batch->count++] = (struct iovec){.iov_base = memory, .iov_len = length};
+    batch->bytes += length;
+    batch->next += length;
+    return 1;
+}
+
 /* count bytes of a file of pieces from offset into *bufp (memory: copied there; else spliced into the pipe). 1: the
  * reply is made; 0: not (its runs are left in the pipe or memory for the caller to drop). */
 static int pieces_move(pipe_t *pipe, const node_t *node, uint64_t offset, size_t count, char *memory) {
     touched_t touched[MAX_TOUCHED];
     int ntouched = 0;
+    batch_t batches[BATCH_SOURCES];
+    int nbatches = 0;
     const block_t *block = find_block(node->offset, node->source, offset);
     uint64_t within = offset - block->start, row = 0;
     uint32_t part = 0;
@@ -838,8 +899,12 @@ static int pieces_move(pipe_t *pipe, const node_t *node, uint64_t offset, size_t
             const part_t *p = &g.parts[block->first + part];
             if (take > p->length - within) take = (size_t)(p->length - within);
             uint64_t at = p->first + row * p->stride + within;
-            if (!move_run(pipe, p->source, at, take, memory ? memory + done : NULL)) return 0;
             source_t *source = &g.sources[p->source];
+            if (memory && source->fd >= 0 && !__atomic_load_n(&source->changed, __ATOMIC_RELAXED)) {
+                if (!batch_add(batches, &nbatches, source->fd, at, take, memory + done)) return 0;
+            } else if (!move_run(pipe, p->source, at, take, memory ? memory + done : NULL)) {
+                return 0;
+            }
             if (source->fd >= 0) { /* local: checked against its pin, and its pages dropped behind, once a reply */
                 int i = 0;
                 while (i < ntouched && touched[i].source != source) i++;
@@ -865,6 +930,8 @@ static int pieces_move(pipe_t *pipe, const node_t *node, uint64_t offset, size_t
         }
         done += take;
     }
+    for (int i = 0; i < nbatches; i++)
+        if (!batch_flush(&batches[i])) return 0;
     for (int i = 0; i < ntouched; i++)
         if (!unchanged(touched[i].source)) return 0;
     if (g.drop_lag)
