@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch Distributed Checkpoints (SPEC §13, issue #44): gathered tensors against the same tensors as one safetensors
+"""PyTorch Distributed Checkpoints (SPEC §13): gathered tensors against the same tensors as one safetensors
 range, medians of --rounds rounds whose runs are interleaved (the order turns round every round):
 
     flock /work/notes/bench.lock python3 benchmarks/bench_dcp.py [--data DIR] [--rounds 5] [--size-mib 512]
