@@ -10,6 +10,7 @@ Python (a transpose)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import mmap
 import multiprocessing
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import read_cold, stfs_command
+from tests.helpers import IN_CI, read_cold, stfs_command
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint")
@@ -186,12 +187,25 @@ def raw(tensor: Any) -> bytes:
     return bytes(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
+BUILT = importlib.util.find_spec("stfs._native") is not None
+
+
+def need_native(native: str | None = "1") -> None:
+    if native != "0" and not BUILT:
+        if IN_CI:
+            pytest.fail("stfs._native is not built in CI")
+        pytest.skip("stfs._native is not built here (python3 setup.py build_ext --inplace)")
+
+
 @contextlib.contextmanager
-def background(source: Path, tmp_path: Path, *args: str, native: str = "1") -> Iterator[tuple[str, Path]]:
-    """``stfs mount SOURCE MNT --log-file LOG ARGS`` in the background (C's path unless ``native`` is "0"; "splice":
-    C splicing every run, however short, into a pipe that fills up first): the mountpoint and the log; always
-    unmounted."""
-    env = {name: value for name, value in os.environ.items() if name not in ("STFS_NATIVE", "STFS_SPLICE_RUN")}
+def background(source: Path, tmp_path: Path, *args: str, native: str | None = None) -> Iterator[tuple[str, Path]]:
+    """``stfs mount SOURCE MNT --log-file LOG ARGS`` in the background: C's path where ``native`` is "1", Python's
+    where it is "0", C splicing every run however short (into a pipe that fills up first) where it is "splice", as
+    the environment says (``STFS_NATIVE``) where it is ``None``; the mountpoint and the log; always unmounted."""
+    env = dict(os.environ)
+    if native is not None:
+        env.pop("STFS_NATIVE", None)
+        env.pop("STFS_SPLICE_RUN", None)
     if native == "0":
         env["STFS_NATIVE"] = "0"
     elif native == "splice":
@@ -225,6 +239,7 @@ def test_random_ranges_of_gathered_tensors_are_their_bytes(
     file is C's (no line says a gathered file is left to Python)."""
     from safetensors.torch import load_file
 
+    need_native(native)
     rng = random.Random(native)
     with background(checkpoint, tmp_path, "--view", "safetensors", native=native) as (mnt, log_file):
         for name in PLACEMENTS:
@@ -265,7 +280,7 @@ def test_threads_processes_and_a_mapping_read_a_gathered_tensor_at_once(
 ) -> None:
     """Four threads and three processes reading random ranges of one column-sharded tensor (the page cache dropped
     now and then, so the daemon answers) while a fifth thread maps it and reads it through the mapping: every byte
-    is the tensor's."""
+    is the tensor's (with C, or with Python where the environment says STFS_NATIVE=0)."""
     expected = raw(full("columns"))
     expected_path = tmp_path / "columns.bin"
     expected_path.write_bytes(expected)
@@ -315,11 +330,12 @@ class _Collect:
 def test_a_tensor_c_cannot_walk_is_read_by_python_and_one_line_says_so(tmp_path: Path, require_fuse: None) -> None:
     """A checkpoint of views: a slice of columns and one with a step are C's; a transpose (each element a run of its
     own) is Python's, and the daemon's log says so once, naming it; every byte is the view's either way."""
+    need_native()
     base = torch.arange(600 * 500, dtype=torch.float32).reshape(600, 500)
     state = {"columns": base[:, 100:300], "step": base[::3], "transposed": base.t(), "other": base[:2].t()}
     source = tmp_path / "views.pt"
     torch.save(state, source)
-    with background(source, tmp_path) as (mnt, log_file):
+    with background(source, tmp_path, native="1") as (mnt, log_file):
         for name, view in state.items():
             expected = raw(view)
             path = os.path.join(mnt, "tensors", name)
