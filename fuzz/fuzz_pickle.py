@@ -274,7 +274,23 @@ def _compare_with_torch(data: bytes, checkpoint: pytorch.Checkpoint, read: Calla
         pytorch.gather_into(mine, read, 0, memoryview(served))
         if raw != served:
             return f"{name}: bytes differ"
+        layout = pytorch.strided_layout(mine, 1 << 16) if not mine.contiguous else ""
+        if not isinstance(layout, str) and _walked(layout, read) != raw:
+            return f"{name}: the runs stfs._native walks differ"
     return ""
+
+
+def _walked(layout: Any, read: Callable[[int, int], bytes]) -> bytes:
+    """The bytes of a strided tensor's layout (``formats.Rows``: what stfs._native serves), walked run by run."""
+    out = bytearray()
+    for block in layout:
+        if isinstance(block, bytes):
+            out += block
+            continue
+        for row in range(block.count):
+            for _, first, length, stride in block.parts:
+                out += read(first + row * stride, length)
+    return bytes(out)
 
 
 @dataclass

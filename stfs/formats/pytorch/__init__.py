@@ -106,6 +106,7 @@ __all__ = [
     "detect",
     "fetch_header",
     "gather_into",
+    "strided_layout",
     "header_json",
     "read_checkpoint",
     "safetensors_file",
