@@ -349,7 +349,10 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
     gathered_by_python: list[tuple[FileNode, str]] = []
 
     def lowered(node: FileNode) -> list[Any] | None:
-        found = lower(node)
+        try:
+            found = lower(node)
+        except Exception as exc:  # a layout that fails: that file is Python's, not the mount
+            found = f"its layout failed: {exc!r}"
         if isinstance(found, str):
             gathered_by_python.append((node, found))
             return None

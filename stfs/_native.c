@@ -803,11 +803,17 @@ static int move_held(pipe_t *pipe, const char *bytes, size_t length, char *memor
     return 1;
 }
 
-/* Whether a read from block on is spliced: its parts are long (the rest of the read's blocks are taken alike). */
-static int splices(const block_t *block) {
+/* Whether a read of count bytes from block on is spliced: its parts are long (the rest of the read's blocks are
+ * taken alike), and few enough for the pipe, where a run takes a slot per page it touches, one more than its length
+ * in pages when it starts inside a page. */
+static int splices(const block_t *block, size_t count, const pipe_t *pipe) {
+    uint64_t shortest = UINT64_MAX;
     for (uint32_t i = 0; i < block->count; i++)
-        if (g.parts[block->first + i].length < splice_run) return 0;
-    return 1;
+        if (g.parts[block->first + i].length < shortest) shortest = g.parts[block->first + i].length;
+    if (shortest < splice_run) return 0;
+    if (splice_run <= 1) return 1; /* STFS_SPLICE_RUN=1 (the tests): every read spliced, the full pipe's fallback too */
+    uint64_t runs = block->count ? count / shortest + 2 : 2;
+    return (count + PAGE - 1) / PAGE + runs <= pipe->limit / PAGE + 4; /* limit: the pipe less four pages */
 }
 
 /* Copies of a reply's runs of local sources, gathered: the runs of one source that follow one another there (a
@@ -957,7 +963,7 @@ static int pieces_read(const node_t *node, uint64_t offset, size_t count, size_t
     pipe_t *pipe = thread_pipe();
     if (pipe == NULL || count > pipe->limit) return 1;
     if (!pipe_empty(pipe)) pipe_drain(pipe);
-    int spliced = count >= SPLICE_MIN && splices(find_block(node->offset, node->source, offset));
+    int spliced = count >= SPLICE_MIN && splices(find_block(node->offset, node->source, offset), count, pipe);
     if (spliced) {
         if (pieces_move(pipe, node, offset, count, NULL)) {
             count_pieces(node, size, count);
