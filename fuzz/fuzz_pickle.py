@@ -42,7 +42,16 @@ if __package__ in (None, ""):
 
 from stfs import errors
 from stfs.formats import pytorch
-from tests.checkpoints import HOSTILE, hostile_checkpoint, p_global, p_str, p_tensor, read_bounded, write_zip
+from tests.checkpoints import (
+    HOSTILE,
+    hostile_checkpoint,
+    p_global,
+    p_str,
+    p_tensor,
+    read_bounded,
+    walked,
+    write_zip,
+)
 
 # -- seeds: real torch.save files ---------------------------------------------------------------------------------
 
@@ -275,22 +284,9 @@ def _compare_with_torch(data: bytes, checkpoint: pytorch.Checkpoint, read: Calla
         if raw != served:
             return f"{name}: bytes differ"
         layout = pytorch.strided_layout(mine, 1 << 16) if not mine.contiguous else ""
-        if not isinstance(layout, str) and _walked(layout, read) != raw:
+        if not isinstance(layout, str) and walked(layout, lambda offset, length, _: read(offset, length)) != raw:
             return f"{name}: the runs stfs._native walks differ"
     return ""
-
-
-def _walked(layout: Any, read: Callable[[int, int], bytes]) -> bytes:
-    """The bytes of a strided tensor's layout (``formats.Rows``: what stfs._native serves), walked run by run."""
-    out = bytearray()
-    for block in layout:
-        if isinstance(block, bytes):
-            out += block
-            continue
-        for row in range(block.count):
-            for _, first, length, stride in block.parts:
-                out += read(first + row * stride, length)
-    return bytes(out)
 
 
 @dataclass
