@@ -42,7 +42,16 @@ if __package__ in (None, ""):
 
 from stfs import errors
 from stfs.formats import pytorch
-from tests.checkpoints import HOSTILE, hostile_checkpoint, p_global, p_str, p_tensor, read_bounded, write_zip
+from tests.checkpoints import (
+    HOSTILE,
+    hostile_checkpoint,
+    p_global,
+    p_str,
+    p_tensor,
+    read_bounded,
+    walked,
+    write_zip,
+)
 
 # -- seeds: real torch.save files ---------------------------------------------------------------------------------
 
@@ -274,6 +283,9 @@ def _compare_with_torch(data: bytes, checkpoint: pytorch.Checkpoint, read: Calla
         pytorch.gather_into(mine, read, 0, memoryview(served))
         if raw != served:
             return f"{name}: bytes differ"
+        layout = pytorch.strided_layout(mine, 1 << 16) if not mine.contiguous else ""
+        if not isinstance(layout, str) and walked(layout, lambda offset, length, _: read(offset, length)) != raw:
+            return f"{name}: the runs stfs._native walks differ"
     return ""
 
 

@@ -38,7 +38,7 @@ import mfusepy
 
 from . import errors, stopping
 from .failed_reads import FailedReads
-from .nodes import Decoded, DirNode, FileNode, Gathered, Node, Range, ShardData, clamp, pieces
+from .nodes import Decoded, DirNode, FileNode, Gathered, Lowered, Node, Range, ShardData, clamp, lower, pieces
 from .readahead import Readahead
 from .sources import PAGE, ByteSource, SpliceSource
 from .stats import Stats, counted, from_environment
@@ -101,6 +101,8 @@ FUSE_CAP_SPLICE_WRITE = 1 << 7  # fuse_common.h (tests/test_libfuse_layout.py ch
 MAX_REQUEST = 1 << 20  # libfuse's (and the kernel's 256-page) limit on one read
 _SPLICE_MIN = 2 * PAGE  # fuse_lowlevel.c fuse_send_data_iov: replies under two pages are copied, not spliced
 _PIPE_SIZE = 2 << 20  # a 1 MiB read at an unaligned offset spans 257 pages: a pipe slot each
+_RUNS = 64  # runs of a gathered tensor one reply takes at most (a 1 MiB read of 16 KiB rows); more are gathered
+_SHORT_RUN = 64 << 10  # runs shorter than this on average are copied into the reply, not spliced
 Piece = int | bytes | memoryview  # of a reply: bytes in this thread's pipe, or bytes to copy
 
 
@@ -180,6 +182,7 @@ class Reader:
         self._read_source = source.read_into
         # By OS thread: C may give a libfuse thread a new Python thread state per call, so a thread-local would not do
         self._scratch: dict[int, memoryview] = {}
+        self._lowered: dict[int, Lowered | None] = {}  # by inode: files of gathered tensors, as runs of sources
 
     def answer(self, path: bytes | None, fh: int, size: int, offset: int) -> list[Piece] | int:
         """The reply to a read: its pieces, or a negative errno (an unexpected failure is EIO and a log line)."""
@@ -211,7 +214,11 @@ class Reader:
             if len(segments) == 1 and type(segments[0]) is Range:  # a tensor or a whole file: one splice
                 spliced = self._spliced([(segments[0], offset, count)])
             else:
-                spliced = self._spliced(pieces(node, offset, count))
+                runs = self._runs(node, offset, count)
+                if runs is not None and len(runs) * _SHORT_RUN > count:  # short runs: a pipe slot a page each
+                    spliced = self._copied(runs, count)
+                else:
+                    spliced = self._spliced(runs if runs is not None else pieces(node, offset, count))
             if spliced is not None:
                 return spliced
             if stats is not None:  # the pipe could not take the reply: copied instead
@@ -264,6 +271,57 @@ class Reader:
                 return None
         return reply
 
+    def _copied(self, runs: list[tuple[Any, int, int]], count: int) -> list[Piece] | None:
+        """Runs of sources (``Range`` pieces) and bytes copied into this thread's scratch pages, lent to its pipe.
+        The runs of one source that follow one another there (a chunk's rows, each beside another chunk's in the
+        reply) are read at once, then put in place."""
+        _native.pipe()  # emptied
+        scratch = self.scratch()
+        if count > len(scratch):
+            return None
+        pending: dict[Range, list[tuple[int, int, int]]] = {}  # extent -> (start in it, length, where in the reply)
+        done = 0
+        for segment, start, length in runs:
+            if type(segment) is bytes:
+                scratch[done : done + length] = segment[start : start + length]
+            else:
+                waiting = pending.setdefault(segment, [])
+                if waiting and waiting[-1][0] + waiting[-1][1] != start:
+                    self._read_runs(segment, waiting, scratch)
+                    waiting.clear()
+                waiting.append((start, length, done))
+            done += length
+        for segment, waiting in pending.items():
+            if waiting:
+                self._read_runs(segment, waiting, scratch)
+        return [count] if _native.lend(scratch[:count]) == count else None
+
+    def _read_runs(self, extent: Range, runs: list[tuple[int, int, int]], scratch: memoryview) -> None:
+        """Runs of ``extent`` that follow one another (``(start in it, length, where in scratch)``), read at once."""
+        first, end = runs[0][0], runs[-1][0] + runs[-1][1]
+        at, span = extent.offset + first, (extent.offset, extent.offset + extent.size)
+        into = scratch[runs[0][2] : runs[0][2] + end - first] if len(runs) == 1 else memoryview(bytearray(end - first))
+        try:
+            got = self._read_source(extent.key, at, into, span)
+        except Exception as exc:
+            raise self.operations.failed(extent.key, at, exc) from exc
+        if got != end - first:
+            raise self.operations.failed(extent.key, at, OSError(f"{extent.key}: short read at byte {at}"))
+        if len(runs) > 1:
+            for start, length, where in runs:
+                scratch[where : where + length] = into[start - first : start - first + length]
+
+    def _runs(self, node: FileNode, offset: int, count: int) -> list[tuple[Any, int, int]] | None:
+        """A read of a gathered tensor's file as runs of its sources, each spliced within its chunk (the span a remote
+        source fetches and reads ahead in), where they are few: what C does, and C left to Python (a remote block not
+        yet published). ``None``: gathered in memory instead."""
+        if node.inode in self._lowered:
+            lowered = self._lowered[node.inode]
+        else:
+            found = lower(node) if any(type(segment) is Gathered for segment in node.segments) else None
+            lowered = self._lowered[node.inode] = Lowered(found) if isinstance(found, list) else None
+        return lowered.runs(offset, count, _RUNS) if lowered is not None else None
+
     def scratch(self) -> memoryview:
         """This thread's page-aligned memory for decoded pieces, lent to the pipe.
 
@@ -288,6 +346,18 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
     tree, source = operations.tree, operations.source
     descriptor = getattr(source, "descriptor", None)  # local files: C reads them from its own duplicates
     share_blocks = getattr(source, "share_blocks", None)  # remote files: C reads what their block cache holds
+    gathered_by_python: list[tuple[FileNode, str]] = []
+
+    def lowered(node: FileNode) -> list[Any] | None:
+        try:
+            found = lower(node)
+        except Exception as exc:  # a layout that fails: that file is Python's, not the mount
+            found = f"its layout failed: {exc!r}"
+        if isinstance(found, str):
+            gathered_by_python.append((node, found))
+            return None
+        return found
+
     try:
         keys, native_files, python_files = _native.build(
             tree.root,
@@ -297,6 +367,7 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
             tree.inode_limit,
             descriptor is not None or share_blocks is not None,
             ShardData,
+            lowered,
         )
         _native.windows(tree.readahead_kb)
         if share_blocks is not None:
@@ -320,6 +391,15 @@ def native_start(operations: StfsOperations, stats: Stats | None) -> Any:
         _native.close()
         log.warning("requests are served from Python: the C tables could not be built (%s)", exc)
         return None
+    if gathered_by_python:  # once: C gathers every other tensor
+        node, why = gathered_by_python[0]
+        tensor = node.tensor.name if node.tensor is not None else f"inode {node.inode}"
+        log.info(
+            "%d gathered files are read by Python, not C, more slowly: the first, of tensor %r: %s",
+            len(gathered_by_python),
+            tensor,
+            why,
+        )
     operations.readahead.answer_in(_native)
     if stats is not None:
         stats.also_count(_native.counts)

@@ -47,15 +47,15 @@
 #define MAX_RUNS 8
 #define SMALL_RUN (64 << 10)
 
-enum { ABSENT = 0, DIR_NATIVE, DIR_PYTHON, FILE_NATIVE, FILE_PYTHON };
+enum { ABSENT = 0, DIR_NATIVE, DIR_PYTHON, FILE_NATIVE, FILE_PYTHON, FILE_PIECES };
 
 typedef struct {
     int64_t mtime_ns;
     uint64_t size;   /* a file's size; a folder's entry count */
-    uint64_t offset; /* a native file's offset in its source; a folder's first entry in children */
+    uint64_t offset; /* a native file's offset in its source; a folder's first entry in children; pieces: first block */
     uint32_t parent;
-    uint32_t name; /* offset in names, NUL-terminated */
-    uint32_t source;
+    uint32_t name;   /* offset in names, NUL-terminated */
+    uint32_t source; /* a native file's source; pieces: how many blocks */
     uint8_t kind;
     uint8_t name_len;
     uint16_t readahead_kb; /* a file's own kernel readahead (stfs/readahead.py), 0: the mount's */
@@ -64,6 +64,21 @@ typedef struct {
 typedef struct {
     int64_t start, end;
 } run_t;
+
+/* A file of pieces (FILE_PIECES: a tensor gathered from chunks, a strided view, --view safetensors' files) is blocks
+ * one after another, each `rows` rows of `row_bytes`, a row the concatenation of its parts: part p is `length` bytes
+ * of its source from `first + row * stride` (stfs.formats.Rows). A block of no parts is bytes held in `held`. */
+typedef struct {
+    uint64_t start;     /* its first byte's offset in the file */
+    uint64_t rows, row_bytes;
+    uint64_t first;     /* its first part in parts; held bytes: their offset in held */
+    uint32_t count;     /* parts; 0: held bytes (one row) */
+} block_t;
+
+typedef struct {
+    uint64_t first, length, stride;
+    uint32_t source;
+} part_t;
 
 typedef struct {
     int fd; /* our dup of the descriptor the source holds; -1: Python reads it (or, remote, the block cache) */
@@ -84,7 +99,7 @@ typedef struct {
     int pins;       /* replies of C's using its pages (until their thread's next read) */
 } remote_slot_t;
 #define NO_OWNER UINT64_MAX
-#define MAX_PINS 8
+#define MAX_PINS 32
 
 typedef struct {
     int (*getattr)(const char *, struct stat *, struct fuse_file_info *);
@@ -141,6 +156,12 @@ static struct {
     uint64_t slot_size;
     uint32_t remote_slot_count;
     remote_slot_t *remote_slots;
+    block_t *blocks; /* of the files of pieces, each file's in order */
+    uint64_t block_count, block_cap;
+    part_t *parts;
+    uint64_t part_count, part_cap;
+    char *held;
+    uint64_t held_len, held_cap;
     int readahead_fd;           /* our dup of the mount's read_ahead_kb setting, -1 none (not root) */
     unsigned readahead_default; /* KiB */
     unsigned readahead_now;     /* what the setting holds: written only when an open wants another */
@@ -353,6 +374,7 @@ typedef struct {
     size_t limit;
     int pinned_count;
     uint32_t pinned[MAX_PINS]; /* remote slots whose pages the last reply spliced from */
+    char *scratch;             /* page-aligned, limit bytes: a reply of pieces copied here is lent to the pipe */
 } pipe_t;
 
 static pthread_key_t pipe_key;
@@ -365,6 +387,7 @@ static void pipe_free(void *value) {
     unpin(pipe);
     close(pipe->read_fd);
     close(pipe->write_fd);
+    free(pipe->scratch);
     free(pipe);
 }
 
@@ -399,6 +422,7 @@ static pipe_t *thread_pipe(void) {
     pipe->read_fd = fds[0];
     pipe->write_fd = fds[1];
     pipe->pinned_count = 0;
+    pipe->scratch = NULL;
     /* splice takes a slot per page touched; libfuse's own pipe needs three pages and the header more */
     pipe->limit = capacity > 4 * PAGE ? (size_t)capacity - 4 * PAGE : 0;
     pthread_setspecific(pipe_key, pipe);
@@ -645,12 +669,21 @@ static void unpin(pipe_t *pipe) {
  * there from position on (0: none; the caller unpins). */
 static uint64_t pin_published(pipe_t *pipe, source_t *source, uint64_t position, loff_t *from) {
     uint64_t block = position / g.slot_size;
-    if (block >= source->block_count || pipe->pinned_count == MAX_PINS) return 0;
+    if (block >= source->block_count) return 0;
     uint32_t entry = __atomic_load_n(&source->blocks[block], __ATOMIC_ACQUIRE);
     if (entry == 0 || entry > g.remote_slot_count) return 0;
+    if (pipe->pinned_count == MAX_PINS) {
+        int pinned = 0;
+        for (int i = 0; i < pipe->pinned_count && !pinned; i++) pinned = pipe->pinned[i] == entry - 1;
+        if (!pinned) return 0;
+    }
     remote_slot_t *slot = &g.remote_slots[entry - 1];
-    __atomic_fetch_add(&slot->pins, 1, __ATOMIC_SEQ_CST);
-    pipe->pinned[pipe->pinned_count++] = entry - 1;
+    int pinned = 0; /* already, by an earlier part of this reply (a gathered tensor's rows) */
+    for (int i = 0; i < pipe->pinned_count && !pinned; i++) pinned = pipe->pinned[i] == entry - 1;
+    if (!pinned) {
+        __atomic_fetch_add(&slot->pins, 1, __ATOMIC_SEQ_CST);
+        pipe->pinned[pipe->pinned_count++] = entry - 1;
+    }
     if (__atomic_load_n(&source->blocks[block], __ATOMIC_SEQ_CST) != entry) return 0; /* withdrawn meanwhile */
     uint64_t range = __atomic_load_n(&slot->range, __ATOMIC_ACQUIRE);
     uint64_t base = block * g.slot_size, lo = base + (range >> 32), hi = base + (range & 0xffffffffu);
@@ -698,6 +731,280 @@ static int remote_read(source_t *source, uint64_t position, size_t length, size_
     return reply(bufp, length, NULL, pipe->read_fd);
 }
 
+/* -- files of pieces ---------------------------------------------------------------------------------- *
+ * A read of a file of pieces walks its blocks from the one holding the read's first byte, and moves each run of a
+ * source's bytes (a part's row, or what of it the read wants) as a one-range file's are moved: spliced from the
+ * source's descriptor (or, remote, from published slots of the block cache's memfd) into this thread's pipe, where
+ * the runs are long; where they are short (a tensor sharded by narrow columns: a run per row and chunk), preadv'd
+ * into this thread's scratch pages, which are lent to the pipe (vmsplice): one copy, with no interpreter held. A
+ * source C does not read, not published, changed or short: Python answers the whole read. */
+
+#define MAX_TOUCHED 64
+#define SPLICE_RUN_DEFAULT (32 << 10) /* parts shorter than this are copied, not spliced (a pipe slot per page) */
+static uint64_t splice_run = SPLICE_RUN_DEFAULT;
+
+typedef struct {
+    source_t *source;
+    int64_t low, high; /* the bytes of it this reply read */
+} touched_t;
+
+/* The block of a file of pieces (its blocks from first, count of them) holding byte position. */
+static const block_t *find_block(uint64_t first, uint32_t count, uint64_t position) {
+    uint64_t lo = first, hi = first + count;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (g.blocks[mid].start <= position)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &g.blocks[lo];
+}
+
+/* Move length bytes of source index from position: spliced into the pipe, or (memory) copied there. 1: all moved;
+ * 0: not (a source C does not read, changed, not published, short; a full pipe). */
+static int move_run(pipe_t *pipe, uint32_t index, uint64_t position, size_t length, char *memory) {
+    source_t *source = &g.sources[index];
+    if (__atomic_load_n(&source->changed, __ATOMIC_RELAXED) || (source->fd < 0 && source->blocks == NULL)) return 0;
+    size_t done = 0;
+    while (done < length) {
+        int fd = source->fd;
+        loff_t from = (loff_t)(position + done);
+        size_t want = length - done;
+        if (source->blocks != NULL) {
+            uint64_t available = pin_published(pipe, source, position + done, &from);
+            if (available == 0) return 0;
+            if (want > available) want = (size_t)available;
+            fd = g.cache_fd;
+        }
+        ssize_t got = memory ? pread(fd, memory + done, want, from) : splice(fd, &from, pipe->write_fd, NULL, want, 0);
+        if (got > 0)
+            done += (size_t)got;
+        else if (!(got < 0 && errno == EINTR))
+            return 0;
+    }
+    return 1;
+}
+
+/* Held bytes into the pipe (or memory). */
+static int move_held(pipe_t *pipe, const char *bytes, size_t length, char *memory) {
+    if (memory) {
+        memcpy(memory, bytes, length);
+        return 1;
+    }
+    size_t done = 0;
+    while (done < length) {
+        ssize_t got = write(pipe->write_fd, bytes + done, length - done);
+        if (got > 0)
+            done += (size_t)got;
+        else if (!(got < 0 && errno == EINTR))
+            return 0;
+    }
+    return 1;
+}
+
+/* Whether a read of count bytes from block on is spliced: its parts are long (the rest of the read's blocks are
+ * taken alike), and few enough for the pipe, where a run takes a slot per page it touches, one more than its length
+ * in pages when it starts inside a page. */
+static int splices(const block_t *block, size_t count, const pipe_t *pipe) {
+    uint64_t shortest = UINT64_MAX;
+    for (uint32_t i = 0; i < block->count; i++)
+        if (g.parts[block->first + i].length < shortest) shortest = g.parts[block->first + i].length;
+    if (shortest < splice_run) return 0;
+    if (splice_run <= 1) return 1; /* STFS_SPLICE_RUN=1 (the tests): every read spliced, the full pipe's fallback too */
+    uint64_t runs = block->count ? count / shortest + 2 : 2;
+    return (count + PAGE - 1) / PAGE + runs <= pipe->limit / PAGE + 4; /* limit: the pipe less four pages */
+}
+
+/* Copies of a reply's runs of local sources, gathered: the runs of one source that follow one another there (a
+ * chunk's rows, each beside another chunk's in the reply) are one preadv, an iovec a run. */
+#define BATCH_SOURCES 8
+#define BATCH_RUNS 128
+typedef struct {
+    int fd;
+    uint64_t start, next;
+    int count;
+    size_t bytes;
+    struct iovec iov[BATCH_RUNS];
+} batch_t;
+
+static int batch_flush(batch_t *batch) {
+    if (batch->count == 0) return 1;
+    size_t done = 0;
+    int first = 0;
+    while (done < batch->bytes) { /* short only at the end of the file (a truncated source) or on a signal */
+        ssize_t got = preadv(batch->fd, batch->iov + first, batch->count - first, (off_t)(batch->start + done));
+        if (got <= 0) {
+            if (got < 0 && errno == EINTR) continue;
+            return 0;
+        }
+        done += (size_t)got;
+        while (first < batch->count && (size_t)got >= batch->iov[first].iov_len)
+            got -= (ssize_t)batch->iov[first++].iov_len;
+        if (first < batch->count) {
+            batch->iov[first].iov_base = (char *)batch->iov[first].iov_base + got;
+            batch->iov[first].iov_len -= (size_t)got;
+        }
+    }
+    batch->count = 0;
+    batch->bytes = 0;
+    return 1;
+}
+
+/* Copy length bytes of the local source at fd from position to memory, as part of batches. */
+static int batch_add(batch_t *batches, int *nbatches, int fd, uint64_t position, size_t length, char *memory) {
+    batch_t *batch = NULL;
+    for (int i = 0; i < *nbatches && batch == NULL; i++)
+        if (batches[i].fd == fd) batch = &batches[i];
+    if (batch == NULL) {
+        if (*nbatches == BATCH_SOURCES) {
+            for (int i = 0; i < *nbatches; i++)
+                if (!batch_flush(&batches[i])) return 0;
+            *nbatches = 0;
+        }
+        batch = &batches[(*nbatches)++];
+        batch->fd = fd;
+        batch->count = 0;
+        batch->bytes = 0;
+    }
+    if (batch->count && (batch->next != position || batch->count == BATCH_RUNS) && !batch_flush(batch)) return 0;
+    if (batch->count == 0) batch->start = batch->next = position;
+    batch->iov[batch->count++] = (struct iovec){.iov_base = memory, .iov_len = length};
+    batch->bytes += length;
+    batch->next += length;
+    return 1;
+}
+
+/* count bytes of a file of pieces from offset into *bufp (memory: copied there; else spliced into the pipe). 1: the
+ * reply is made; 0: not (its runs are left in the pipe or memory for the caller to drop). */
+static int pieces_move(pipe_t *pipe, const node_t *node, uint64_t offset, size_t count, char *memory) {
+    touched_t touched[MAX_TOUCHED];
+    int ntouched = 0;
+    batch_t batches[BATCH_SOURCES];
+    int nbatches = 0;
+    const block_t *block = find_block(node->offset, node->source, offset);
+    uint64_t within = offset - block->start, row = 0;
+    uint32_t part = 0;
+    if (block->count) {
+        row = within / block->row_bytes;
+        within -= row * block->row_bytes;
+        while (within >= g.parts[block->first + part].length) within -= g.parts[block->first + part++].length;
+    }
+    size_t done = 0;
+    while (done < count) {
+        size_t take = count - done;
+        if (block->count == 0) {
+            if (take > block->row_bytes - within) take = (size_t)(block->row_bytes - within);
+            if (!move_held(pipe, g.held + block->first + within, take, memory ? memory + done : NULL)) return 0;
+            within += take;
+            if (within == block->row_bytes) {
+                block++;
+                within = 0;
+            }
+        } else {
+            const part_t *p = &g.parts[block->first + part];
+            if (take > p->length - within) take = (size_t)(p->length - within);
+            uint64_t at = p->first + row * p->stride + within;
+            source_t *source = &g.sources[p->source];
+            if (memory && source->fd >= 0 && !__atomic_load_n(&source->changed, __ATOMIC_RELAXED)) {
+                if (!batch_add(batches, &nbatches, source->fd, at, take, memory + done)) return 0;
+            } else if (!move_run(pipe, p->source, at, take, memory ? memory + done : NULL)) {
+                return 0;
+            }
+            if (source->fd >= 0) { /* local: checked against its pin, and its pages dropped behind, once a reply */
+                int i = 0;
+                while (i < ntouched && touched[i].source != source) i++;
+                if (i == ntouched) {
+                    if (ntouched == MAX_TOUCHED) return 0;
+                    touched[ntouched++] = (touched_t){source, (int64_t)at, (int64_t)(at + take)};
+                } else {
+                    if ((int64_t)at < touched[i].low) touched[i].low = (int64_t)at;
+                    if ((int64_t)(at + take) > touched[i].high) touched[i].high = (int64_t)(at + take);
+                }
+            }
+            within += take;
+            if (within == p->length) {
+                within = 0;
+                if (++part == block->count) {
+                    part = 0;
+                    if (++row == block->rows) {
+                        row = 0;
+                        block++;
+                    }
+                }
+            }
+        }
+        done += take;
+    }
+    for (int i = 0; i < nbatches; i++)
+        if (!batch_flush(&batches[i])) return 0;
+    for (int i = 0; i < ntouched; i++)
+        if (!unchanged(touched[i].source)) return 0;
+    if (g.drop_lag)
+        for (int i = 0; i < ntouched; i++) {
+            if (touched[i].high - touched[i].low < SMALL_RUN) continue;
+            pthread_mutex_lock(&touched[i].source->lock);
+            served(touched[i].source, touched[i].low, touched[i].high, g.drop_lag);
+            pthread_mutex_unlock(&touched[i].source->lock);
+        }
+    return 1;
+}
+
+/* Counted: a read of a file of pieces answered, and of those from the block cache (its first block's first part is
+ * remote: a mount's sources are all local or all remote). */
+static void count_pieces(const node_t *node, size_t size, size_t served) {
+    count_read(size, served);
+    const block_t *block = &g.blocks[node->offset];
+    if (block->count && g.sources[g.parts[block->first].source].blocks != NULL) count(C_READ_CACHED);
+}
+
+/* A read of a file of pieces: 0 with the reply in *bufp, 1 where Python answers. */
+static int pieces_read(const node_t *node, uint64_t offset, size_t count, size_t size, struct fuse_bufvec **bufp) {
+    pipe_t *pipe = thread_pipe();
+    if (pipe == NULL || count > pipe->limit) return 1;
+    if (!pipe_empty(pipe)) pipe_drain(pipe);
+    int spliced = count >= SPLICE_MIN && splices(find_block(node->offset, node->source, offset), count, pipe);
+    if (spliced) {
+        if (pieces_move(pipe, node, offset, count, NULL)) {
+            count_pieces(node, size, count);
+            return reply(bufp, count, NULL, pipe->read_fd);
+        }
+        pipe_drain(pipe); /* a full pipe (short runs take a slot a page), or a failure: copied, or Python's */
+        unpin(pipe);
+    }
+    if (count < SPLICE_MIN) {
+        char *memory = malloc(count);
+        if (memory == NULL) return 1;
+        int moved = pieces_move(pipe, node, offset, count, memory);
+        unpin(pipe); /* copied: nothing of a slot's is in the reply */
+        if (!moved) {
+            free(memory);
+            return 1;
+        }
+        count_pieces(node, size, count);
+        return reply(bufp, count, memory, -1);
+    }
+    if (pipe->scratch == NULL && (pipe->scratch = aligned_alloc(PAGE, (pipe->limit + PAGE - 1) / PAGE * PAGE)) == NULL)
+        return 1;
+    int moved = pieces_move(pipe, node, offset, count, pipe->scratch);
+    unpin(pipe);
+    if (!moved) return 1;
+    /* lent: libfuse has sent a thread's reply before it takes the thread's next request, which may write here */
+    size_t lent = 0;
+    while (lent < count) {
+        struct iovec iov = {.iov_base = pipe->scratch + lent, .iov_len = count - lent};
+        ssize_t got = vmsplice(pipe->write_fd, &iov, 1, 0);
+        if (got > 0)
+            lent += (size_t)got;
+        else if (!(got < 0 && errno == EINTR)) {
+            pipe_drain(pipe);
+            return 1;
+        }
+    }
+    count_pieces(node, size, count);
+    return reply(bufp, count, NULL, pipe->read_fd);
+}
+
 static int n_read_buf(const char *path, struct fuse_bufvec **bufp, size_t size, off_t offset,
                       struct fuse_file_info *fi) {
     uint64_t index = fi != NULL ? fi->fh : 0;
@@ -707,6 +1014,16 @@ static int n_read_buf(const char *path, struct fuse_bufvec **bufp, size_t size, 
         pthread_once(&pipe_once, pipe_key_make);
         pipe_t *own = pthread_getspecific(pipe_key);
         if (own != NULL) unpin(own);
+    }
+    if (node != NULL && node->kind == FILE_PIECES && offset >= 0) {
+        size_t count = (uint64_t)offset >= node->size ? 0 : node->size - (uint64_t)offset;
+        if (count > size) count = size;
+        if (count == 0) {
+            count_read(size, 0);
+            return reply(bufp, 0, NULL, -1);
+        }
+        if (pieces_read(node, (uint64_t)offset, count, size, bufp) == 0) return 0;
+        goto python;
     }
     if (source == NULL || __atomic_load_n(&source->changed, __ATOMIC_RELAXED) || offset < 0) goto python;
     if (source->fd < 0 && source->blocks == NULL) goto python;
@@ -792,6 +1109,13 @@ static void release_tables(void) {
     g.remote_slot_count = 0;
     if (g.cache_fd >= 0) close(g.cache_fd);
     g.cache_fd = -1;
+    free(g.blocks);
+    free(g.parts);
+    free(g.held);
+    g.blocks = NULL;
+    g.parts = NULL;
+    g.held = NULL;
+    g.block_count = g.block_cap = g.part_count = g.part_cap = g.held_len = g.held_cap = 0;
     free(g.nodes);
     free(g.children);
     free(g.slots);
@@ -859,23 +1183,127 @@ static int get_int64(PyObject *object, Py_ssize_t offset, PyObject *name, int64_
     return 0;
 }
 
+/* The index of the source key in keys (added, and to key_index, if new); -1 with an exception. */
+static long source_index(PyObject *key, PyObject *keys, PyObject *key_index) {
+    if (!PyUnicode_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "a source key is not a str");
+        return -1;
+    }
+    PyObject *known = PyDict_GetItemWithError(key_index, key);
+    if (known) return PyLong_AsLong(known);
+    if (PyErr_Occurred()) return -1;
+    PyObject *number = PyLong_FromSsize_t(PyList_GET_SIZE(keys));
+    int ok = number && PyDict_SetItem(key_index, key, number) == 0 && PyList_Append(keys, key) == 0;
+    Py_XDECREF(number);
+    return ok ? (long)(PyList_GET_SIZE(keys) - 1) : -1;
+}
+
+static int grow(void **array, uint64_t *cap, uint64_t need, size_t item) {
+    if (need <= *cap) return 0;
+    uint64_t capacity = *cap ? *cap : 1024;
+    while (capacity < need) capacity *= 2;
+    void *grown = realloc(*array, capacity * item);
+    if (!grown) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *array = grown;
+    *cap = capacity;
+    return 0;
+}
+
+/* The blocks lower(file) gave (a sequence of bytes, or of (rows, parts), parts a tuple of (source key, first,
+ * length, stride)) into the tables, the node then a file of pieces: 1; 0 if they do not hold its size (Python reads
+ * it); -1 with an exception. */
+static int add_pieces(node_t *node, PyObject *lowered, PyObject *keys, PyObject *key_index) {
+    PyObject *sequence = PySequence_Fast(lowered, "lower() gives a sequence of blocks");
+    if (!sequence) return -1;
+    uint64_t blocks_before = g.block_count, parts_before = g.part_count, held_before = g.held_len, total = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(sequence);
+    int result = 1;
+    for (Py_ssize_t i = 0; i < n && result == 1; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(sequence, i);
+        block_t block = {.start = total};
+        if (PyBytes_Check(item)) {
+            uint64_t length = (uint64_t)PyBytes_GET_SIZE(item);
+            if (length == 0) continue;
+            if (grow((void **)&g.held, &g.held_cap, g.held_len + length, 1) < 0) goto fail;
+            memcpy(g.held + g.held_len, PyBytes_AS_STRING(item), length);
+            block.first = g.held_len;
+            block.rows = 1;
+            block.row_bytes = length;
+            g.held_len += length;
+        } else {
+            unsigned long long rows;
+            PyObject *parts;
+            if (!PyArg_ParseTuple(item, "KO!", &rows, &PyTuple_Type, &parts)) goto fail;
+            Py_ssize_t count = PyTuple_GET_SIZE(parts);
+            if (count == 0 || count > UINT32_MAX || rows == 0) {
+                result = 0;
+                break;
+            }
+            if (grow((void **)&g.parts, &g.part_cap, g.part_count + (uint64_t)count, sizeof *g.parts) < 0) goto fail;
+            block.first = g.part_count;
+            block.count = (uint32_t)count;
+            block.rows = rows;
+            for (Py_ssize_t j = 0; j < count; j++) {
+                PyObject *key;
+                unsigned long long first, length, stride;
+                if (!PyArg_ParseTuple(PyTuple_GET_ITEM(parts, j), "OKKK", &key, &first, &length, &stride)) goto fail;
+                long index = source_index(key, keys, key_index);
+                if (index < 0) goto fail;
+                if (length == 0) {
+                    result = 0;
+                    break;
+                }
+                g.parts[g.part_count++] = (part_t){.first = first, .length = length, .stride = stride,
+                                                   .source = (uint32_t)index};
+                block.row_bytes += length;
+            }
+        }
+        if (grow((void **)&g.blocks, &g.block_cap, g.block_count + 1, sizeof *g.blocks) < 0) goto fail;
+        g.blocks[g.block_count++] = block;
+        total += block.rows * block.row_bytes;
+    }
+    Py_DECREF(sequence);
+    if (result == 1 && total == node->size && total > 0 && g.block_count - blocks_before <= UINT32_MAX) {
+        node->offset = blocks_before;
+        node->source = (uint32_t)(g.block_count - blocks_before);
+        node->kind = FILE_PIECES;
+        return 1;
+    }
+    g.block_count = blocks_before;
+    g.part_count = parts_before;
+    g.held_len = held_before;
+    return 0;
+fail:
+    Py_DECREF(sequence);
+    g.block_count = blocks_before;
+    g.part_count = parts_before;
+    g.held_len = held_before;
+    return -1;
+}
+
 static PyObject *s_inode, *s_mtime_ns, *s_size, *s_children, *s_stored, *s_key, *s_offset, *s_start, *s_tensor,
     *s_begin;
 
-/* build(root, dir_type, file_type, range_type, inodes, spliceable[, shard_type]) -> ([source key, ...], C's files,
- * Python's)
+/* build(root, dir_type, file_type, range_type, inodes, spliceable[, shard_type[, lower]]) -> ([source key, ...],
+ * C's files, Python's)
  *
  * The tables for the tree under root (inodes: the highest inode + 1). A file of one segment of exactly
  * range_type, or given a shard_type (its tensor's Range made from it), with spliceable true, is C's (its source
- * gets an index, in the returned list's order); every other file is Python's. */
+ * gets an index, in the returned list's order); so is a file of other segments that lower(file) gives as blocks of
+ * pieces (add_pieces); every other file is Python's. */
 static PyObject *build(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *root, *dir_type, *file_type, *range_type, *shard_type = Py_None;
+    PyObject *root, *dir_type, *file_type, *range_type, *shard_type = Py_None, *lower = Py_None;
     unsigned long long inodes;
     int spliceable;
-    if (!PyArg_ParseTuple(args, "OOOOKp|O", &root, &dir_type, &file_type, &range_type, &inodes, &spliceable,
-                          &shard_type))
+    if (!PyArg_ParseTuple(args, "OOOOKp|OO", &root, &dir_type, &file_type, &range_type, &inodes, &spliceable,
+                          &shard_type, &lower))
         return NULL;
+    const char *run = getenv("STFS_SPLICE_RUN"); /* parts shorter than this are copied (benchmarks compare) */
+    splice_run = run && *run ? strtoull(run, NULL, 10) : SPLICE_RUN_DEFAULT;
     if (g.installed) {
         PyErr_SetString(PyExc_RuntimeError, "the tables are in use by a session");
         return NULL;
@@ -1074,13 +1502,19 @@ static PyObject *build(PyObject *self, PyObject *args) {
                 }
             }
             Py_XDECREF(key);
+            if (!PyErr_Occurred() && !candidate && spliceable && lower != Py_None && PyTuple_Check(segments) &&
+                size > 0) {
+                PyObject *lowered = PyObject_CallOneArg(lower, entry);
+                if (lowered != NULL && lowered != Py_None) add_pieces(node, lowered, keys, key_index);
+                Py_XDECREF(lowered);
+            }
             if (PyErr_Occurred()) {
                 Py_DECREF(segments);
                 Py_DECREF(entries);
                 goto fail;
             }
             Py_DECREF(segments);
-            if (node->kind == FILE_NATIVE)
+            if (node->kind == FILE_NATIVE || node->kind == FILE_PIECES)
                 native_files++;
             else
                 python_files++;
@@ -1101,6 +1535,14 @@ static PyObject *build(PyObject *self, PyObject *args) {
         const node_t *node = &g.nodes[i];
         if (node->kind == FILE_NATIVE && node->offset + node->size > g.sources[node->source].extent)
             g.sources[node->source].extent = node->offset + node->size;
+    }
+    for (uint64_t b = 0; b < g.block_count; b++) {
+        const block_t *block = &g.blocks[b];
+        for (uint32_t j = 0; j < block->count; j++) {
+            const part_t *part = &g.parts[block->first + j];
+            uint64_t end = part->first + (block->rows - 1) * part->stride + part->length;
+            if (end > g.sources[part->source].extent) g.sources[part->source].extent = end;
+        }
     }
     Py_DECREF(key_index);
     Py_DECREF(queue);
@@ -1391,7 +1833,7 @@ static PyObject *layout(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS,
-     "build(root, dir_type, file_type, range_type, inodes, spliceable[, shard_type]) -> source keys"},
+     "build(root, dir_type, file_type, range_type, inodes, spliceable[, shard_type[, lower]]) -> source keys"},
     {"set_source", set_source, METH_VARARGS, "set_source(index, fd, size, mtime_ns): C reads it from a dup of fd"},
     {"configure", configure, METH_VARARGS, "configure(uid, gid, drop_lag, statfs, stats)"},
     {"share_blocks", share_blocks, METH_VARARGS, "share_blocks(fd, slot_size, slot_count): remote blocks in a memfd"},

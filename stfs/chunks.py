@@ -78,16 +78,16 @@ class TensorBytes:
     def read_into(self, start: int, view: memoryview) -> None:
         """Fill all of ``view`` with the tensor's bytes from ``start`` (within ``size``); ``OSError`` if the source is
         short."""
-        span = self.span
+        whole = self.span
         if self.scattered is None:
-            if self.read_source(self.key, self.offset + start, view, span) != len(view):
+            if self.read_source(self.key, self.offset + start, view, whole) != len(view):
                 raise OSError(f"{self.key}: short read at byte {self.offset + start}")
             return
 
-        def read(offset: int, size: int, file: str | None = None) -> bytes:
-            key, where = self.key, span
-            if file is not None:  # another file of its folder (a DCP tensor's chunk): the read is its own span
-                key, where = join_key(parent_key(self.key), file), (offset, offset + size)
+        def read(offset: int, size: int, file: str | None = None, span: tuple[int, int] | None = None) -> bytes:
+            key, where = self.key, whole
+            if file is not None:  # another file of its folder (a DCP tensor's chunk): the span is the chunk's
+                key, where = join_key(parent_key(self.key), file), span or (offset, offset + size)
             found = bytearray(size)
             if self.read_source(key, offset, memoryview(found), where) != size:
                 raise OSError(f"{key}: short read at byte {offset}")

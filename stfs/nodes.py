@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import stat
 import threading
+from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 from .chunks import CHUNK_BYTES, ReadInto, TensorBytes
-from .formats import Scattered, TensorEntry
+from .formats import Rows, Scattered, TensorEntry
+from .sources import join_key, parent_key
 
 if TYPE_CHECKING:
     from .decode import Codec
@@ -314,6 +316,117 @@ def read_into(node: FileNode, offset: int, view: memoryview, read_source: ReadIn
             view[done : done + length] = segment[start : start + length]  # type: ignore[index]
         done += length
     return done
+
+
+PART_LIMIT = 1 << 18  # runs of one file a reader outside Python walks at most: its tables stay bounded (8 MiB)
+
+Part = tuple[str, int, int, int]  # (source key, first, length, stride): see formats.Rows
+Block = bytes | tuple[int, tuple[Part, ...]]  # bytes, or (rows, parts)
+
+
+def lower(node: FileNode, limit: int = PART_LIMIT) -> list[Block] | str | None:
+    """``node``'s bytes as blocks of runs, for a reader outside Python to walk as it walks a range (``stfs._native``):
+    bytes, or ``(rows, parts)``: a ``formats.Rows`` whose parts name their source by key. ``None`` for a file that
+    is one ``Range`` (read as a range already) or holds no ``Range`` or ``Gathered`` (bytes alone, decoded values, a
+    summary); why not for one whose gathered tensor is not (``Scattered.layout``: a transpose, too many runs)."""
+    stored = node.stored
+    if type(stored) is not tuple or (len(stored) == 1 and type(stored[0]) is Range):
+        return None
+    if not any(type(segment) is Gathered or type(segment) is Range for segment in stored):
+        return None
+    blocks: list[Block] = []
+    used = 0
+    for segment in stored:
+        if type(segment) is bytes:
+            blocks.append(segment)
+        elif type(segment) is Range:
+            if segment.size:
+                blocks.append((1, ((segment.key, segment.offset, segment.size, segment.size),)))
+                used += 1
+        elif type(segment) is Gathered:
+            layout = segment.tensor.layout(limit - used)
+            if isinstance(layout, str):
+                return layout
+            folder = parent_key(segment.key)
+            for block in layout:
+                if type(block) is bytes:
+                    blocks.append(block)
+                    continue
+                assert isinstance(block, Rows)
+                used += len(block.parts)
+                parts = tuple(
+                    (segment.key if file is None else join_key(folder, file), first, length, stride)
+                    for file, first, length, stride in block.parts
+                )
+                blocks.append((block.count, parts))
+        else:
+            return None
+        if used > limit:
+            return f"more than {limit} runs"
+    return blocks
+
+
+class Lowered:
+    """A file's blocks (``lower``), where each starts, and each part's extent in its source as a ``Range`` (a
+    chunk): a read of it as runs of its sources, as stfs._native walks them, each within its part's extent."""
+
+    __slots__ = ("blocks", "starts")
+
+    def __init__(self, blocks: list[Block]) -> None:
+        self.blocks: list[bytes | tuple[int, int, tuple[tuple[Range, int, int], ...]]] = []
+        self.starts: list[int] = []
+        position = 0
+        for block in blocks:
+            if type(block) is bytes:
+                if block:
+                    self.starts.append(position)
+                    self.blocks.append(block)
+                    position += len(block)
+                continue
+            assert type(block) is tuple
+            rows, parts = block
+            extents = tuple(
+                (Range(key, first, (rows - 1) * stride + length), length, stride)
+                for key, first, length, stride in parts
+            )
+            row_bytes = sum(length for _, length, _ in extents)
+            self.starts.append(position)
+            self.blocks.append((rows, row_bytes, extents))
+            position += rows * row_bytes
+
+    def runs(self, offset: int, count: int, limit: int) -> list[tuple[Segment, int, int]] | None:
+        """The ``count`` bytes from ``offset`` (within the file) as pieces: runs of sources (``(extent, start within
+        it, length)``) and bytes; ``None`` if they are more than ``limit``."""
+        found: list[tuple[Segment, int, int]] = []
+        index = bisect_right(self.starts, offset) - 1
+        position, end = offset, offset + count
+        while position < end:
+            block, start = self.blocks[index], self.starts[index]
+            index += 1
+            if type(block) is bytes:
+                take = min(end, start + len(block)) - position
+                found.append((block, position - start, take))
+                position += take
+                continue
+            assert type(block) is tuple
+            rows, row_bytes, extents = block
+            row, within = divmod(position - start, row_bytes)
+            part = 0
+            while within >= extents[part][1]:
+                within -= extents[part][1]
+                part += 1
+            while position < end and row < rows:
+                extent, length, stride = extents[part]
+                take = min(length - within, end - position)
+                found.append((extent, row * stride + within, take))
+                if len(found) > limit:
+                    return None
+                position += take
+                within = 0
+                part += 1
+                if part == len(extents):
+                    part, row = 0, row + 1
+        return found
 
 
 def tensor_xattrs(node: FileNode) -> dict[str, bytes]:

@@ -1,6 +1,7 @@
 """Hand-made PyTorch checkpoints for the tests and the fuzzer (fuzz/fuzz_pickle.py): a zip writer (stored entries,
 torch's 64-byte alignment, ZIP64 on request), a small pickle assembler, the older layout, the hostile pickles of
-SPEC §12, and a reader of one file in a child held to a memory and CPU limit."""
+SPEC §12, a reader of one file in a child held to a memory and CPU limit, and the walk of a gathered tensor's runs
+(``walked``: what stfs._native serves, for comparing with the gather routine and torch)."""
 
 from __future__ import annotations
 
@@ -344,3 +345,20 @@ def read_bounded(path: str, memory: int = 400 << 20, seconds: int = 20) -> Bound
     peak, word, took, *rest = line.split(" ", 4)
     outcome = word if word == "accepted" else f"refused {rest[0]}"
     return Bounded(outcome, float(took), int(peak), rest[1] if len(rest) > 1 else "")
+
+
+# -- a gathered tensor's runs, walked ----------------------------------------------------------------------------
+
+
+def walked(layout: Any, read: Callable[[int, int, str | None], bytes]) -> bytes:
+    """The bytes a tensor's layout (``formats.Rows`` and bytes: ``Scattered.layout``) describes, walked run by run
+    as stfs._native walks it; ``read(offset, length, file)``."""
+    out = bytearray()
+    for block in layout:
+        if isinstance(block, bytes):
+            out += block
+            continue
+        for row in range(block.count):
+            for file, first, length, stride in block.parts:
+                out += read(first + row * stride, length, file)
+    return bytes(out)

@@ -297,44 +297,57 @@ def test_info_of_a_remote_checkpoint_reads_its_framing_not_its_tensors(nginx: An
     assert transfer.bytes <= framing < weights // 20 and transfer.requests <= count + 4, (transfer, framing)
 
 
+def grid_pieces(
+    rng: random.Random, whole: Any, files: dict[str, bytearray], most: int | None = None, transposed: float = 0.5
+) -> tuple[list[Any], list[list[int]]]:
+    """``whole`` (an array) cut into a random grid of chunks (at most ``most`` cuts a dimension), each chunk's bytes
+    appended to one of ``files``, stored as a transpose is (strides in Fortran order) with the chance ``transposed``:
+    the chunks as ``assemble.Piece``s, and the cuts."""
+    import itertools
+
+    from stfs.formats.dcp import assemble
+    from stfs.formats.pytorch import Tensor
+
+    shape = whole.shape
+    cuts = [[0, *sorted(rng.sample(range(1, n), rng.randint(0, min(n - 1, most or n)))), n] for n in shape]
+    pieces = []
+    for box in itertools.product(*[range(len(cut) - 1) for cut in cuts]):
+        offsets = tuple(cut[i] for cut, i in zip(cuts, box, strict=True))
+        sizes = tuple(cut[i + 1] - cut[i] for cut, i in zip(cuts, box, strict=True))
+        block = whole[tuple(slice(o, o + n) for o, n in zip(offsets, sizes, strict=True))]
+        file = rng.choice(list(files))
+        start = len(files[file])
+        if len(shape) >= 2 and rng.random() < transposed:
+            files[file] += np.ascontiguousarray(block.T).tobytes()
+            strides = tuple(int(np.prod(sizes[:d])) for d in range(len(shape)))
+        else:
+            files[file] += np.ascontiguousarray(block).tobytes()
+            strides = tuple(int(np.prod(sizes[d + 1 :])) for d in range(len(shape)))
+        tensor = Tensor("", "U8", sizes, strides, whole.itemsize, "0", 0, start, block.nbytes)
+        pieces.append(assemble.piece(file, offsets, sizes, tensor, shape))
+    return pieces, cuts
+
+
 @pytest.mark.parametrize("planes", [64, 0])  # whole rows of a plane at once, or every element by index
 def test_any_grid_of_chunks_is_gathered_in_c_order(
     tmp_path: Path, planes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tensors of 0 to 4 dimensions cut into grids of chunks, each chunk's bytes in one of three files (C order, or
     stored transposed as torch.save stores a transpose), read back over random ranges."""
-    import itertools
-
     from stfs.formats.dcp import assemble
-    from stfs.formats.pytorch import Tensor
 
     monkeypatch.setattr(assemble, "PLANES", planes)
     rng = random.Random(5)
     for trial in range(60):
         shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(0, 4)))
         whole = (np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape) * 7 + 1).astype(np.int32)
-        cuts = [[0, *sorted(rng.sample(range(1, n), rng.randint(0, n - 1))), n] for n in shape]
         files = {f"f{k}": bytearray(rng.randbytes(rng.randint(0, 40))) for k in range(3)}
-        pieces = []
-        for box in itertools.product(*[range(len(cut) - 1) for cut in cuts]):
-            offsets = tuple(cut[i] for cut, i in zip(cuts, box, strict=True))
-            sizes = tuple(cut[i + 1] - cut[i] for cut, i in zip(cuts, box, strict=True))
-            block = whole[tuple(slice(o, o + n) for o, n in zip(offsets, sizes, strict=True))]
-            file = rng.choice(list(files))
-            start = len(files[file])
-            if len(shape) >= 2 and rng.random() < 0.5:  # stored as a transpose is: strides in Fortran order
-                files[file] += np.ascontiguousarray(block.T).tobytes()
-                strides = tuple(int(np.prod(sizes[:d])) for d in range(len(shape)))
-            else:
-                files[file] += np.ascontiguousarray(block).tobytes()
-                strides = tuple(int(np.prod(sizes[d + 1 :])) for d in range(len(shape)))
-            tensor = Tensor("", "I32", sizes, strides, 4, "0", 0, start, block.nbytes)
-            pieces.append(assemble.piece(file, offsets, sizes, tensor, shape))
+        pieces, cuts = grid_pieces(rng, whole, files)
         assert assemble.covers(shape, [(part.offsets, part.sizes) for part in pieces]) is None
         for name, data in files.items():
             (tmp_path / name).write_bytes(data)
 
-        def read(offset: int, size: int, file: str | None = None) -> bytes:
+        def read(offset: int, size: int, file: str | None = None, span: tuple[int, int] | None = None) -> bytes:
             with open(tmp_path / str(file), "rb") as stream:
                 return os.pread(stream.fileno(), size, offset)
 

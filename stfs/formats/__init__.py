@@ -15,7 +15,7 @@ import importlib
 from functools import cache
 
 from .. import errors
-from .base import DType, Folder, Format, Header, RangeFetcher, Scattered, SplitSet, TensorEntry, encodable
+from .base import DType, Folder, Format, Header, RangeFetcher, Rows, Scattered, SplitSet, TensorEntry, encodable
 from .dtypes import standard
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Format",
     "Header",
     "RangeFetcher",
+    "Rows",
     "Scattered",
     "SplitSet",
     "TensorEntry",

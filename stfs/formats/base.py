@@ -21,9 +21,13 @@ COALESCE_GAP = 4096  # two ranges closer than this are read as one (``read_range
 
 class Read(Protocol):
     """How a ``Scattered`` reads: exactly ``size`` bytes from the absolute ``offset`` of its tensor's file, or of
-    ``file``, another file of that file's folder named as a header names it (a DCP tensor's chunks in several)."""
+    ``file``, another file of that file's folder named as a header names it (a DCP tensor's chunks in several);
+    ``span`` (absolute ``(first, end)`` in that file) the bytes the read is part of (its chunk), within which a remote
+    source fetches and reads ahead, as it does within a tensor."""
 
-    def __call__(self, offset: int, size: int, file: str | None = None) -> bytes: ...
+    def __call__(
+        self, offset: int, size: int, file: str | None = None, span: tuple[int, int] | None = None
+    ) -> bytes: ...
 
 
 class Folder(Protocol):
@@ -37,6 +41,25 @@ class Folder(Protocol):
     def fetcher(self, file: str) -> RangeFetcher:
         """Its bytes, as a header's own ``fetch`` (with its ``many``, reading ranges at once)."""
         ...
+
+
+Part = tuple[str | None, int, int, int]  # (file, first, length, stride): see Rows
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """The next ``count`` rows of a tensor's bytes in C order, each row the concatenation of its ``parts``: part
+    ``(file, first, length, stride)`` is ``length`` bytes from ``first + row * stride`` of ``file`` (``None``: the
+    tensor's own file; else another file of its folder, as ``Read`` names it). A tensor of one run is one row of one
+    part; one sharded by rows one row of a part per chunk; one sharded by columns a row per tensor row, a part per
+    chunk: what a reader that is not Python walks as it walks a range (stfs._native)."""
+
+    count: int
+    parts: tuple[Part, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(part[2] for part in self.parts)
 
 
 class Scattered(Protocol):
@@ -55,6 +78,11 @@ class Scattered(Protocol):
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
         """Fill ``view`` with its bytes in C order from ``begin``, reading its file (or files) through ``read``."""
+        ...
+
+    def layout(self, limit: int) -> tuple[Rows | bytes, ...] | str:
+        """Its bytes in C order as ``Rows`` of runs of its files (or bytes it holds), at most ``limit`` parts in all;
+        else why not (a transpose: every element a run of its own; more parts than ``limit``)."""
         ...
 
 

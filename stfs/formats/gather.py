@@ -3,10 +3,12 @@ strides over a run of bytes (a PyTorch checkpoint's transpose, a Fortran-order N
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from .base import RangeFetcher, read_exact
+from .base import RangeFetcher, Rows, read_exact
 
 
 class Elements(Protocol):
@@ -49,6 +51,9 @@ class Strided:
 
     def read_into(self, read: RangeFetcher, begin: int, view: memoryview) -> None:
         gather_into(self, read, begin, view)
+
+    def layout(self, limit: int) -> tuple[Rows | bytes, ...] | str:
+        return strided_layout(self, limit)
 
 
 GATHER_WINDOW = 8 << 20  # the most bytes of a storage one read of a strided tensor asks for
@@ -98,3 +103,33 @@ def gather_into(tensor: Elements, read: RangeFetcher, begin: int, view: memoryvi
         length = min(end - begin - done, len(chunk) - skip)
         view[done : done + length] = chunk[skip : skip + length]
         done += length
+
+
+def strided_layout(tensor: Elements, limit: int) -> tuple[Rows | bytes, ...] | str:
+    """A strided tensor's bytes in C order as ``Rows`` of runs of its storage (``formats.Rows``), at most ``limit``
+    parts: its last dimensions that lie in C order are one run (a segment); the dimensions before them whose strides
+    go on from one to the next make one ``Rows`` of segments a stride apart; one for each index of the rest. A tensor
+    whose last dimension is strided (a transpose) is a run per element: why not, instead."""
+    size = tensor.itemsize
+    dims = [(n, stride) for n, stride in zip(tensor.shape, tensor.strides, strict=True) if n != 1]
+    if any(n == 0 for n, _ in dims):
+        return ()
+    inner = 1  # elements of a segment
+    while dims and dims[-1][1] == inner:
+        inner *= dims.pop()[0]
+    if inner == 1 and dims:
+        return "its last dimension is strided: every element is a run of its own"
+    first = tensor.storage_start + tensor.storage_offset * size
+    if not dims:
+        return (Rows(1, ((None, first, inner * size, inner * size),)),)
+    rows, stride = dims.pop()
+    while dims and dims[-1][1] == stride * rows:  # rows that go on from one another
+        rows *= dims.pop()[0]
+    outer = dims
+    if math.prod(n for n, _ in outer) > limit:
+        return f"it is more than {limit} runs"
+    blocks = []
+    for index in itertools.product(*(range(n) for n, _ in outer)):
+        at = first + sum(i * s for i, (_, s) in zip(index, outer, strict=True)) * size
+        blocks.append(Rows(rows, ((None, at, inner * size, stride * size),)))
+    return tuple(blocks)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .. import errors
-from .base import Format, Header, RangeFetcher, Read, TensorEntry, encodable, header_json
+from .base import Format, Header, RangeFetcher, Read, Rows, TensorEntry, encodable, header_json
 from .dtypes import DTYPE_BITS
 
 # -- the rules, one error each (SPEC §13, docs/onnx.md) ----------------------------------------------------------------
@@ -441,6 +441,9 @@ class Held:
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
         view[:] = self.data[begin : begin + len(view)]
+
+    def layout(self, limit: int) -> tuple[Rows | bytes, ...] | str:
+        return (self.data,)
 
 
 @dataclass(frozen=True, slots=True)

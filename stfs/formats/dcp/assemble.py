@@ -10,11 +10,13 @@ is one in the tensor as well (a tensor sharded along its first dimension), scatt
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..base import Read
+from ..base import Read, Rows
 from ..gather import GATHER_ELEMENTS, gather_into
 from ..pytorch.checkpoint import Tensor
 
@@ -67,6 +69,72 @@ class Assembled:
     def span(self) -> tuple[int, int]:
         return self.pieces[0].tensor.span
 
+    def layout(self, limit: int) -> tuple[Rows | bytes, ...] | str:
+        """Its bytes in C order as ``Rows`` of runs of its chunks' files (``formats.Rows``), at most ``limit`` parts.
+
+        Past the last dimension ``t`` that some chunk cuts, every chunk holds whole rows: a chunk's elements with
+        one index of the dimensions before ``t`` are one run of it and of the tensor (a segment). A tensor row (an
+        index of those dimensions) is its chunks' segments side by side, in the order of their offsets along
+        ``t``. Rows whose chunks are the same, one after another, are one ``Rows``: each chunk's segments follow
+        one another in it as well where it holds the whole of every dimension from there to ``t``, and along the
+        last dimension before those that a chunk cuts, over a band no chunk's edge crosses."""
+        size = self.itemsize
+        shape, parts = self.shape, self.pieces
+        if not parts:
+            return ()
+        if any(not part.tensor.contiguous for part in parts):
+            return "a chunk is stored strided"
+        cut = [d for d in range(len(shape)) if any(part.sizes[d] != shape[d] for part in parts)]
+        if not cut:  # one chunk holds it all (no dimensions, or a checkpoint of one process)
+            part = parts[0]
+            return (Rows(1, ((part.file, part.tensor.offset, part.tensor.nbytes, part.tensor.nbytes),)),)
+        t = cut[-1]
+        inner = math.prod(shape[t + 1 :]) * size  # bytes of a chunk's segment, per element along t
+        k = max((d + 1 for d in cut if d < t), default=0)  # dimensions k..t-1 are whole in every chunk
+        run = math.prod(shape[k:t])  # rows along them: one after another in each chunk, as in the tensor
+        prefixes = math.prod(shape[: max(k - 1, 0)])
+        if k and prefixes * len({part.offsets[k - 1] for part in parts}) > limit:
+            return f"its chunks make more than {limit} runs"
+        blocks: list[Rows | bytes] = []
+        count = 0
+        for prefix in _indices(shape[: max(k - 1, 0)]):
+            holding = [
+                part
+                for part in parts
+                if all(o <= i < o + n for i, o, n in zip(prefix, part.offsets, part.sizes, strict=False))
+            ]
+            if k == 0:
+                bands = [(0, 1)]
+            else:
+                edges = sorted(
+                    {e for part in holding for e in (part.offsets[k - 1], part.offsets[k - 1] + part.sizes[k - 1])}
+                )
+                bands = list(itertools.pairwise(edges))
+            for low, high in bands:
+                index = (*prefix, low) if k else ()
+                row = sorted(
+                    (
+                        part
+                        for part in holding
+                        if not k or part.offsets[k - 1] <= low < part.offsets[k - 1] + part.sizes[k - 1]
+                    ),
+                    key=lambda part: part.offsets[t],
+                )
+                count += len(row)
+                if count > limit:
+                    return f"its chunks make more than {limit} runs"
+                segments = tuple(
+                    (
+                        part.file,
+                        part.tensor.offset + _local_row(part, index, t) * part.sizes[t] * inner,
+                        part.sizes[t] * inner,
+                        part.sizes[t] * inner,
+                    )
+                    for part in row
+                )
+                blocks.append(Rows((high - low) * run, segments))
+        return tuple(blocks)
+
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
         """Fill ``view`` with its bytes from ``begin`` (within its size): ``GATHER_ELEMENTS`` elements at a time, put
         in ``view`` itself where they start and end on whole elements."""
@@ -112,6 +180,20 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= length
     return tuple(reversed(strides))
+
+
+def _indices(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """Every index of ``shape`` in C order (one, ``()``, of no dimensions)."""
+    return itertools.product(*(range(n) for n in shape))
+
+
+def _local_row(part: Piece, index: tuple[int, ...], t: int) -> int:
+    """The row of ``part`` (an index of its dimensions before ``t``, in its C order) where the tensor's row ``index``
+    (its first dimensions; the rest 0) lies."""
+    row = 0
+    for d in range(t):
+        row = row * part.sizes[d] + (index[d] - part.offsets[d] if d < len(index) else 0)
+    return row
 
 
 def _before(part: Piece, index: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
@@ -196,10 +278,12 @@ def _piece_bytes(part: Piece, read: Read, low: int, high: int) -> bytes:
     """The bytes of ``part``'s elements ``low`` to ``high`` (excluded) in its C order: one range of its file, or
     gathered from its storage where its ``torch.save`` holds a strided tensor."""
     tensor, size = part.tensor, part.tensor.itemsize
+    first, length = tensor.span
+    span = (first, first + length)  # a remote source fetches and reads ahead within the chunk, not past it
     if tensor.contiguous:
-        return read(tensor.offset + low * size, (high - low) * size, part.file)
+        return read(tensor.offset + low * size, (high - low) * size, part.file, span)
     found = bytearray((high - low) * size)
-    gather_into(tensor, lambda offset, length: read(offset, length, part.file), low * size, memoryview(found))
+    gather_into(tensor, lambda offset, count: read(offset, count, part.file, span), low * size, memoryview(found))
     return bytes(found)
 
 

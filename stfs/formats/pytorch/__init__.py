@@ -55,8 +55,8 @@ import hashlib
 from dataclasses import dataclass
 
 from .. import zip
-from ..base import Format, Header, RangeFetcher, Read, ReadMany, TensorEntry, read_exact
-from ..gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into
+from ..base import Format, Header, RangeFetcher, Read, ReadMany, Rows, TensorEntry, read_exact
+from ..gather import GATHER_ELEMENTS, GATHER_GAP, GATHER_WINDOW, gather_into, strided_layout
 from .allowed import DCP_GLOBALS, IMPORT_MAPPING, NAME_MAPPING, STORAGE_DTYPES, TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
 from .calls import MAX_REBUILD_NESTING
 from .checkpoint import Checkpoint, LeftOut, Tensor
@@ -99,6 +99,7 @@ __all__ = [
     "detect",
     "fetch_header",
     "gather_into",
+    "strided_layout",
     "header_json",
     "read_checkpoint",
     "safetensors_file",
@@ -185,6 +186,9 @@ class Strided:
 
     def read_into(self, read: Read, begin: int, view: memoryview) -> None:
         gather_into(self.tensor, read, begin, view)
+
+    def layout(self, limit: int) -> tuple[Rows | bytes, ...] | str:
+        return strided_layout(self.tensor, limit)
 
 
 def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0) -> Header:
