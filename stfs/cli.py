@@ -41,7 +41,7 @@ def source_text() -> str:
     files = []
     for module, suffixes, _ in REGISTRY:
         title = named(module).title
-        named_as = ", ".join(suffix for suffix in suffixes if not title.endswith(suffix))
+        named_as = ", ".join(suffix for suffix in suffixes if suffix not in title)
         files.append(f"{title} ({named_as})" if named_as else title)
     indexes = [index for _, _, names in REGISTRY for index in names]
     return (
@@ -58,7 +58,8 @@ def summary() -> str:
     titles = []
     for module, suffixes, _ in REGISTRY:  # "DCP .metadata" names a DCP folder's file; its models are DCP's
         title = named(module).title
-        titles.append(next((title.removesuffix(end).strip() for end in suffixes if title.endswith(end)), title))
+        cut = min((title.index(end) for end in suffixes if end in title), default=len(title))
+        titles.append(title[:cut].strip())
     return f"mount {_listed(titles)} models, local or at {_listed(URL_SCHEMES)} URLs, read-only: every tensor a file"
 
 
