@@ -515,9 +515,18 @@ class Registry:
 
     SERVICE = "stfs-test-registry"
 
-    def __init__(self, workdir: Path, auth: TokenIssuer | None = None, executable: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        auth: TokenIssuer | None = None,
+        executable: str | None = None,
+        htpasswd: dict[str, str] | None = None,
+        storage: Path | None = None,
+    ) -> None:
         self.workdir = Path(workdir)
         self.auth = auth
+        self.htpasswd = htpasswd  # user -> password: HTTP Basic auth (bcrypt hashes in an htpasswd file)
+        self._storage = storage  # another registry's storage, served by this one too
         self.executable = executable or find_tool("docker-registry") or "docker-registry"
         self.port = 0
         self._process: subprocess.Popen | None = None
@@ -534,7 +543,7 @@ class Registry:
 
     @property
     def storage(self) -> Path:
-        return self.workdir / "storage"
+        return self._storage or self.workdir / "storage"
 
     @property
     def log_path(self) -> Path:
@@ -612,6 +621,16 @@ class Registry:
             "http": {"addr": f"{LOCALHOST}:{self.port}", "secret": secrets.token_hex(16)},
             "health": {"storagedriver": {"enabled": False}},
         }
+        if self.htpasswd is not None:
+            import bcrypt
+
+            path = self.workdir / "htpasswd"
+            lines = [
+                f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}"
+                for user, password in self.htpasswd.items()
+            ]
+            path.write_text("\n".join(lines) + "\n")
+            config["auth"] = {"htpasswd": {"realm": "stfs-basic", "path": str(path)}}
         if self.auth is not None:
             config["auth"] = {
                 "token": {

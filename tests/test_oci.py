@@ -21,6 +21,7 @@ from stfs.sources.registry import DOCKER_HUB_API, parse_reference
 from tests.helpers import MountFn, run, stfs_command
 from tests.models import rich_arrays, sharded_arrays, write_numpy, write_sharded
 from tests.registry import (
+    Registry,
     docker_model_runner,
     long_name_tar,
     modelpack,
@@ -453,3 +454,29 @@ def test_an_ollama_models_folder(mount: MountFn, tmp_path: Path) -> None:
     (blob,) = [path for path in (store / "blobs").iterdir() if path.read_bytes() == q4]
     alone = stfs_command("info", str(blob))  # a blob file alone: recognised by its first bytes
     assert alone.returncode == 0 and "token_embd.weight" in alone.stdout, alone.stderr
+
+
+def test_basic_auth_answers_the_challenge_with_the_auth_files_login(
+    registry, registry_auth_file, monkeypatch, mount: MountFn, tmp_path: Path
+) -> None:
+    """A registry behind HTTP Basic (distribution's htpasswd), serving the session registry's storage."""
+    pytest.importorskip("bcrypt")
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    repo = registry.repo("basic")
+    push(registry, repo, "v1", oras({"model.safetensors": (tmp_path / "model.safetensors").read_bytes()}))
+    basic = Registry(tmp_path / "basic", htpasswd={"reader": "B4sic-Pa55-never-shown"}, storage=registry.storage)
+    basic.start()
+    try:
+        monkeypatch.setenv("REGISTRY_AUTH_FILE", str(tmp_path / "none.json"))
+        anonymous = stfs_command("info", f"oci://{basic.host}/{repo}:v1")
+        assert anonymous.returncode == 1 and "user and password" in anonymous.stderr and basic.host in anonymous.stderr
+        monkeypatch.setenv("REGISTRY_AUTH_FILE", str(registry_auth_file(basic.host, "reader", "wrong-one")))
+        wrong = stfs_command("info", f"oci://{basic.host}/{repo}:v1")
+        assert wrong.returncode == 1 and "reader" in wrong.stderr and "wrong-one" not in wrong.stderr
+        monkeypatch.setenv(
+            "REGISTRY_AUTH_FILE", str(registry_auth_file(basic.host, "reader", "B4sic-Pa55-never-shown"))
+        )
+        mnt = mount(f"oci://{basic.host}/{repo}:v1")
+        assert Path(mnt, "files", "model.safetensors").read_bytes() == (tmp_path / "model.safetensors").read_bytes()
+    finally:
+        basic.stop()
