@@ -386,7 +386,8 @@ def test_refusals_are_one_line(registry, tmp_path: Path) -> None:
 
 
 def test_check_values_names_a_blob_whose_bytes_differ(registry, tmp_path: Path) -> None:
-    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    # a model of its own: blobs are shared by digest across the session registry's repositories
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays(7), metadata={"spoiled": "yes"})
     data = (tmp_path / "model.safetensors").read_bytes()
     repo = registry.repo("corrupt")
     artifact = oras({"model.safetensors": data})
@@ -398,7 +399,10 @@ def test_check_values_names_a_blob_whose_bytes_differ(registry, tmp_path: Path) 
     spoiled = bytearray(stored.read_bytes())
     spoiled[-1] ^= 0x01  # the last byte of the last tensor: a value still, only the digest tells
     stored.write_bytes(bytes(spoiled))
-    bad = stfs_command("check", "--values", f"oci://{registry.host}/{repo}:v1")
+    try:
+        bad = stfs_command("check", "--values", f"oci://{registry.host}/{repo}:v1")
+    finally:
+        stored.write_bytes(data)
     assert bad.returncode == 1
     assert [line for line in bad.stdout.splitlines() if digest in line and "other bytes" in line]
 
