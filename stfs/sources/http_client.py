@@ -157,7 +157,7 @@ def _context_for(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
     return ssl.create_default_context()  # OpenSSL reads both variables itself
 
 
-class _PlacedClient:
+class PlacedClient:
     """Ranged GETs of files each read from a place found once per file (``_find``: a URL signed for it), and found
     again, once, where it stops working (401, 403, 404, 410: it expired). Places are secrets (their queries sign
     them): in no message."""
@@ -185,11 +185,20 @@ class _PlacedClient:
         for again in (False, True):
             client, target, query = self._place(path, again)
             try:
-                client.get_into(target, lo, into, etag, progress, query=query)
+                client.get_into(target, lo, into, etag, progress, query=query, headers=self._headers(client))
                 return
             except StatusError as exc:
-                if again or client is self._first or exc.status not in (401, 403, 404, 410):
+                if again or exc.status not in (401, 403, 404, 410) or not self._ask_again(client, exc.status):
                     raise
+
+    def _headers(self, client: HttpClient) -> dict[str, str] | None:
+        """Headers of a GET from ``client`` besides its own (none: a place is signed, or public)."""
+        return None
+
+    def _ask_again(self, client: HttpClient, status: int) -> bool:
+        """Whether a GET ``client`` refused with ``status`` (401, 403, 404, 410) is worth a place found anew: where
+        the place expired, not where the first server itself refused."""
+        return client is not self._first
 
     def close(self) -> None:
         with self._lock:
@@ -222,7 +231,7 @@ class _PlacedClient:
         return client, parts.path, parts.query
 
 
-class ResolvingClient(_PlacedClient):
+class ResolvingClient(PlacedClient):
     """Ranged GETs of files served through a redirect (the Hub's ``resolve/`` URLs answer with a signed URL of its
     CDN): a file's redirect is asked for once (a HEAD, with the token), then its ranges are read from where it
     points, without the token (the URL is signed) and without a redirect a block. A file served in place (a 2xx,
@@ -251,7 +260,7 @@ class ResolvingClient(_PlacedClient):
         raise OSError(f"/{path}: more than {MAX_REDIRECTS} redirects")
 
 
-class SignedClient(_PlacedClient):
+class SignedClient(PlacedClient):
     """Ranged GETs of presigned URLs (S3's): ``sign(path)`` gives a file's URL, signed for ``lifetime`` seconds; it
     is used for half of that, then signed again (signing makes no request), and once more where it stops working.
     The signature is in the URL, so the client holds no credentials."""

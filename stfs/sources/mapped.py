@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .base import ByteSource, FileInfo, Kind, SharedBlocks, join_key
+from .base import ByteSource, FileInfo, Kind, SharedBlocks
 
 CHECK_CHUNK = 8 << 20  # bytes of a blob read at once to check its digest
 
@@ -220,8 +220,3 @@ class _Renamed:
         name = self._names.get(key)
         if name is not None:
             self._shared.changed(name)
-
-
-def files_below(root: str, names: Mapping[str, Piece]) -> dict[str, Piece]:
-    """``names`` (relative paths) as keys below ``root``."""
-    return {join_key(root, name): piece for name, piece in names.items()}

@@ -241,7 +241,7 @@ def _oci_layout(folder: str, local: ByteSource) -> tuple[MappedFiles, str]:
             raise errors.SourceError(f"{index_path}: two manifests are named {name!r}")
         named[name] = digest
         root = folder if len(entries) == 1 else join_key(folder, name)
-        files.update(artifact_files(artifact, root, blob, _local_read(local), where))
+        files.update(artifact_files(artifact, root, blob, local.read, where))
         metadata = {"oci.digest": artifact.digest, "oci.reference": ref, **artifact.annotations}
         groups.append(_group(artifact, root, metadata, blob))
     return MappedFiles(local, files, groups), folder
@@ -288,17 +288,10 @@ def _ollama(folder: str, local: ByteSource, manifests: list[str], single: bool) 
         document = parse_json(body, manifest)
         artifact = read_manifest(document, digest, media_type_of(document, None), manifest)
         root = manifest if single else join_key(folder, name)
-        files.update(artifact_files(artifact, root, blob, _local_read(local), manifest))
+        files.update(artifact_files(artifact, root, blob, local.read, manifest))
         metadata = {"oci.digest": digest, "oci.reference": name, **artifact.annotations}
         groups.append(_group(artifact, root, metadata, blob))
     return MappedFiles(local, files, groups, named_models=not single), manifests[0] if single else folder
-
-
-def _local_read(local: ByteSource) -> Callable[[str, int, int], bytes]:
-    def read(key: str, offset: int, size: int) -> bytes:
-        return local.read(key, offset, size)
-
-    return read
 
 
 def _read_file(path: str) -> bytes:

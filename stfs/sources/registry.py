@@ -25,12 +25,11 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import errors
 from .failures import RETRY, describe
-from .http_client import HttpClient, StatusError, https_context
+from .http_client import HttpClient, PlacedClient, StatusError, https_context
 
 log = logging.getLogger(__name__)
 
@@ -394,68 +393,40 @@ def _not_found(body: bytes, reference: str) -> str:
     return f"no such tag {reference!r} in the repository, or no such repository"
 
 
-class BlobClient:
+class BlobClient(PlacedClient):
     """Ranged GETs of a repository's blobs into memory given (``RemoteFiles``'s client): from the registry, with its
-    token, or from where it redirects a blob (asked once per blob), without it where the host changes."""
+    token (renewed on a 401), or from where it redirects a blob (asked once per blob, a HEAD), without the token
+    where the host changes."""
 
     def __init__(self, registry: Registry, timeout: float) -> None:
+        super().__init__({}, timeout)
         self.registry = registry
-        self._timeout = timeout
-        self._own = HttpClient(registry.reference.origin, {}, timeout)
-        self._clients: dict[str, HttpClient] = {}
-        self._places: dict[str, tuple[HttpClient, str, str, bool]] = {}  # digest -> client, path, query, authorised
-        self._lock = threading.Lock()
+        self._first = HttpClient(registry.reference.origin, {}, timeout)
 
-    def get_into(
-        self,
-        path: str,
-        lo: int,
-        into: memoryview,
-        etag: str | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> None:
-        """Fill ``into`` with the bytes of the blob ``path`` (``…/sha256:HEX``) from ``lo``."""
+    def _headers(self, client: HttpClient) -> dict[str, str] | None:
+        return self.registry.headers() if client is self._first else None  # the token goes to its host only
+
+    def _ask_again(self, client: HttpClient, status: int) -> bool:
+        if client is not self._first:
+            return True
+        if status == 401:  # the token expired, or was revoked
+            self.registry.renew()
+            return True
+        return False
+
+    def _find(self, path: str) -> tuple[HttpClient, str, str]:
+        """Where the blob ``path`` (``…/sha256:HEX``) is: the registry's own path, or where it redirects."""
+        assert self._first is not None
         digest = path.rsplit("/", 1)[-1]
-        for attempt in range(3):
-            client, target, query, authorised = self._place(digest, again=attempt > 0)
-            extra = self.registry.headers() if authorised else None
-            try:
-                client.get_into(target, lo, into, None, progress, query=query, headers=extra)
-                return
-            except StatusError as exc:
-                if attempt == 2 or exc.status not in (401, 403, 404, 410):
-                    raise
-                if authorised and exc.status == 401:
-                    self.registry.renew()
-
-    def close(self) -> None:
-        self._own.close()
-        with self._lock:
-            clients = list(self._clients.values())
-        for client in clients:
-            client.close()
-
-    def _place(self, digest: str, again: bool) -> tuple[HttpClient, str, str, bool]:
-        with self._lock:
-            found = self._places.get(digest)
-        if found is not None and not again:
-            return found
-        path = self.registry.blob_path(digest)
-        place: tuple[HttpClient, str, str, bool] = (self._own, path, "", True)
-        answer = self.registry.request("HEAD", path)
+        own = self.registry.blob_path(digest)
+        answer = self.registry.request("HEAD", own)
         location = answer.headers.get("Location")
         if answer.status in REDIRECTS and location:
-            url = urllib.parse.urljoin(self.registry.reference.origin + path, location)
+            url = urllib.parse.urljoin(self.registry.reference.origin + own, location)
             parts = urllib.parse.urlsplit(url)
-            origin = f"{parts.scheme}://{parts.netloc}"
-            same = origin == self.registry.reference.origin
-            with self._lock:
-                client = self._own if same else self._clients.get(origin)
-                if client is None:
-                    client = self._clients[origin] = HttpClient(origin, {}, self._timeout)
-            place = (client, parts.path, parts.query, same)  # the token goes only to the registry's own host
-        elif answer.status == 404:
+            if f"{parts.scheme}://{parts.netloc}" == self.registry.reference.origin:
+                return self._first, parts.path, parts.query
+            return self._client_at(url)
+        if answer.status == 404:
             raise StatusError(f"blob {digest}: the registry answered with status code: 404 Not Found", 404)
-        with self._lock:
-            self._places[digest] = place
-        return place
+        return self._first, own, ""
