@@ -179,6 +179,10 @@ def test_urls_need_allow_source_and_no_request_is_made(
         (["s3://models-*/*"], "s3://other/models-a/x", False),
         (["http://127.0.0.1:*/*"], "http://127.0.0.1:8080/x", True),
         (["http://127.0.0.1:*/*"], "http://127.0.0.1.evil.test:80/x", False),
+        (["*"], "https://host/x", True),  # a pattern without a scheme: any URL of the schemes but plain http
+        (["*"], "http://host/x", False),
+        (["http://*"], "http://host/x", True),
+        (["http://*"], "https://host/x", False),
     ],
 )
 def test_patterns_match_the_whole_source_and_its_host(patterns: list[str] | None, source: str, allowed: bool) -> None:
@@ -192,7 +196,7 @@ def test_patterns_match_the_whole_source_and_its_host(patterns: list[str] | None
 
 
 def test_flags_that_are_not_a_policy_are_refused_at_start(tmp_path: Path) -> None:
-    for flags in (["--allow-source=*"], ["--allow-source=/models/*"], ["--allow-source=gs://*"],
+    for flags in (["--allow-source=/models/*"], ["--allow-source=gs://*"], ["--allow-source=file://*"],
                   ["--allow-path=models"], ["--max-cache-size=lots"]):  # fmt: skip
         command = [sys.executable, "-m", "stfs", "csi", "--endpoint", f"unix://{tmp_path}/csi.sock", "--node-id", "n"]
         result = run([*command, "--state-dir", str(tmp_path / "state"), *flags], cwd=REPO)

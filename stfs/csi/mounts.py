@@ -137,7 +137,7 @@ def _login_file(source: str, login: tuple[str, str] | None) -> Iterator[str | No
     from ..sources.registry import parse_reference
 
     try:
-        host = parse_reference(source).host
+        host = parse_reference("oci://" + source.partition("://")[2]).host  # docker:// is oci:// too
     except errors.StfsError as exc:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, exc.message) from None
     folder = tempfile.mkdtemp(prefix="stfs-csi-login-")

@@ -5,9 +5,10 @@ before anything of it is read, fetched or mounted.
 A URL is matched by its scheme (``docker://`` is ``oci://``, as stfs reads it), then the whole of it against each
 pattern, as ``fnmatch`` does; and its host part (up to the first ``/``) also against the pattern's, so that a ``*``
 cannot reach across a ``/`` into the host (``https://*.example.com/*`` does not allow
-``https://evil.test/.example.com/x``). Anything that is not ``SCHEME://`` is a path on the node: absolute, at or
-below an allowed folder once ``..`` and symbolic links are resolved, however stfs may read it (``PATH:REF`` and
-``oci:PATH[:REF]`` name a store at PATH).
+``https://evil.test/.example.com/x``). Plain ``http://`` only where a pattern begins with it.
+
+Anything that is not ``SCHEME://`` is a path on the node: absolute, at or below an allowed folder once ``..`` and
+symbolic links are resolved, however stfs may read it (``PATH:REF`` and ``oci:PATH[:REF]`` name a store at PATH).
 """
 
 from __future__ import annotations
@@ -62,10 +63,10 @@ class Policy:
         for pattern in sources or ():
             match = _SCHEME.match(pattern)
             scheme = match[1].lower() if match else None
-            if scheme is None or ALIASES.get(scheme, scheme) not in SCHEMES:
+            if pattern.startswith("/") or (scheme is not None and ALIASES.get(scheme, scheme) not in SCHEMES):
                 raise StfsError(
-                    f"--allow-source {pattern!r}: a pattern begins with the scheme it allows "
-                    f"({', '.join(s + '://' for s in SCHEMES)}); paths on the node are allowed with --allow-path"
+                    f"--allow-source {pattern!r}: a pattern matches URLs of {', '.join(s + '://' for s in SCHEMES)}, "
+                    "best begun with its scheme; paths on the node are allowed with --allow-path"
                 )
         folders = []
         for path in paths or ():
@@ -142,9 +143,11 @@ def _spelled(url: str) -> str:
 
 def _matches(url: str, pattern: str) -> bool:
     """``pattern`` matches all of ``url``, and its host part matches ``url``'s alone (a ``*`` cannot span ``/``
-    there)."""
+    there). A pattern without a scheme (``*``) never matches plain ``http://``: only a pattern naming it does."""
     if not fnmatch.fnmatchcase(url, pattern):
         return False
+    if "://" not in pattern:
+        return not url.startswith("http://")
     url_host = _host_part(url)
     pattern_host = pattern[pattern.index("://") + 3 :].partition("/")[0]
     return fnmatch.fnmatchcase(url_host, pattern_host)
