@@ -4,9 +4,8 @@
 and cache (``--allow-source``, ``--allow-path``, ``--max-cache-size``), ``environment`` makes its daemon's
 environment (its own secret's credentials only, unless ``--node-credentials``), ``mounts`` runs ``stfs mount``/``stfs
 unmount`` and reads the mount table, ``state`` keeps what was published under ``--state-dir``, ``server`` answers
-the calls. No format or
-source code here: a volume's SOURCE goes to ``stfs mount`` as it came. ``csi_pb2*`` are generated from ``csi.proto``
-(scripts/csi_protos.py).
+the calls. No format or source code here: a volume's SOURCE goes to ``stfs mount`` as it came. ``csi_pb2*`` are
+generated from ``csi.proto`` (scripts/csi_protos.py).
 """
 
 DRIVER_NAME = "stfs.csi.k8s.io"
