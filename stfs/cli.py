@@ -266,6 +266,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where the volumes published are recorded (no secrets), for a restarted plugin (default %(default)s)",
     )
+    csi.add_argument(
+        "--allow-source",
+        action="append",
+        metavar="PATTERN",
+        help="a shell pattern a URL source must match, e.g. 'oci://registry.example.com/*' (repeatable; patterns "
+        "given replace the defaults hf://*, s3://*, oci://*, https://*; plain http:// only where a pattern names it)",
+    )
+    csi.add_argument(
+        "--allow-path",
+        action="append",
+        metavar="DIR",
+        help="a folder on the node whose models volumes may mount, once '..' and symbolic links are resolved "
+        "(repeatable; none by default: no path on the node is allowed)",
+    )
+    csi.add_argument(
+        "--max-cache-size",
+        default="1G",
+        metavar="SIZE",
+        help="the most a volume's cacheSize may be, K/M/G suffix (default %(default)s); a volume's daemon takes it "
+        "and about 150 MiB of memory",
+    )
+    csi.add_argument(
+        "--node-credentials",
+        action="store_true",
+        help="volumes use the plugin's own credentials (environment, home folder, cloud instance role) where their "
+        "secret has none: every pod creator then acts as the node (default: a volume has its secret's alone)",
+    )
     return parser
 
 
@@ -408,15 +435,17 @@ def cmd_unmount(args: argparse.Namespace) -> int:
 
 def cmd_csi(args: argparse.Namespace) -> int:
     try:
+        from .csi.policy import Policy
         from .csi.server import serve
     except (ImportError, RuntimeError) as exc:  # no grpcio, or one older than the generated code asks for
         raise errors.StfsError(f"stfs csi needs the csi extra (pip install 'stfs[csi]'): {exc}") from None
+    policy = Policy.of(args.allow_source, args.allow_path, args.max_cache_size, args.node_credentials)
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
         force=True,
     )
-    serve(args.endpoint, args.node_id, args.state_dir)
+    serve(args.endpoint, args.node_id, args.state_dir, policy)
     return EXIT_OK
 
 

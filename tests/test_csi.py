@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -35,23 +35,35 @@ TOKEN = "hf_csiSecretToken0123456789"
 
 
 class Plugin:
-    """``stfs csi`` as a child process on a socket in ``folder``, its state in ``state``; the kubelet's calls."""
+    """``stfs csi`` as a child process on a socket in ``folder``, its state in ``state``, with ``flags`` (its policy);
+    started by ``launcher`` (``python -m stfs`` by default) in ``cwd``; the kubelet's calls."""
 
-    def __init__(self, folder: Path, state: Path, environment: dict[str, str]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        state: Path,
+        environment: dict[str, str],
+        flags: list[str] | None = None,
+        launcher: list[str] | None = None,
+        cwd: Path = REPO,
+    ) -> None:
         self.folder = folder
         self.socket = folder / "csi.sock"
         self.state = state
         self.log = folder / "plugin.log"
         self.environment = environment
+        self.flags = flags or []
+        self.launcher = launcher or [sys.executable, "-m", "stfs"]
+        self.cwd = cwd
         self.process: subprocess.Popen | None = None
         self.channel: grpc.Channel | None = None
 
     def start(self) -> Plugin:
-        command = [sys.executable, "-m", "stfs", "csi", "--endpoint", f"unix://{self.socket}"]
-        command += ["--node-id", NODE, "--state-dir", str(self.state)]
+        command = [*self.launcher, "csi", "--endpoint", f"unix://{self.socket}"]
+        command += ["--node-id", NODE, "--state-dir", str(self.state), *self.flags]
         with open(self.log, "a") as output:
             self.process = subprocess.Popen(
-                command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO, env=self.environment
+                command, stdout=output, stderr=subprocess.STDOUT, cwd=self.cwd, env=self.environment
             )
         self.channel = grpc.insecure_channel(f"unix://{self.socket}")
         try:
@@ -111,23 +123,53 @@ class Plugin:
         return self.node.NodeUnpublishVolume(request, timeout=120)
 
 
+# The policy the tests of SPEC §15 run under: the defaults, plain HTTP on the loopback host, and the test's folder
+LOOPBACK_HTTP = "http://127.0.0.1:*/*"
+DEFAULT_SOURCES = ["hf://*", "s3://*", "oci://*", "https://*"]
+
+
+def allowing(tmp_path: Path) -> list[str]:
+    flags = [f"--allow-source={pattern}" for pattern in [*DEFAULT_SOURCES, LOOPBACK_HTTP]]
+    return [*flags, f"--allow-path={tmp_path}"]
+
+
 @pytest.fixture
-def plugin(tmp_path: Path) -> Iterator[Plugin]:
-    """A plugin started with the test's environment (a remote fixture listed before it has set its variables);
-    its socket in a short folder (a unix socket's path has at most 107 bytes). Stopped by its PID, and every mount
-    left under ``tmp_path`` undone, at teardown."""
-    folder = Path(tempfile.mkdtemp(prefix="stfs-csi-"))
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "plugin-tmp")}
+def start_plugin(tmp_path: Path) -> Iterator[Callable[..., Plugin]]:
+    """``start_plugin(flags, environment=None, launcher=None, cwd=REPO) -> Plugin``: a plugin started with the test's
+    environment (a remote fixture listed before it has set its variables) updated by ``environment``; its socket in
+    a short folder (a unix socket's path has at most 107 bytes). Each stopped by its PID, and every mount left under
+    ``tmp_path`` undone, at teardown."""
+    started: list[Plugin] = []
     (tmp_path / "plugin-tmp").mkdir()
-    started = Plugin(folder, tmp_path / "state", environment)
+
+    def start(
+        flags: list[str],
+        environment: dict[str, str] | None = None,
+        launcher: list[str] | None = None,
+        cwd: Path = REPO,
+    ) -> Plugin:
+        folder = Path(tempfile.mkdtemp(prefix="stfs-csi-"))
+        variables = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "plugin-tmp")}
+        one = Plugin(folder, tmp_path / f"state{len(started) or ''}", {**variables, **(environment or {})}, flags,
+                     launcher, cwd)  # fmt: skip
+        started.append(one)
+        return one.start()
+
     try:
-        yield started.start()
+        yield start
     finally:
-        started.stop()
+        for one in started:
+            one.stop()
+            shutil.rmtree(one.folder, ignore_errors=True)
         for mountpoint in mounts_under(tmp_path):
             with contextlib.suppress(Exception):
                 unmount(mountpoint, lazy=True)
-        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def plugin(start_plugin: Callable[..., Plugin], tmp_path: Path) -> Plugin:
+    """A plugin allowing the test's folder, the default URL patterns and plain HTTP on 127.0.0.1."""
+    return start_plugin(allowing(tmp_path))
 
 
 def mounts_under(folder: Path) -> list[str]:

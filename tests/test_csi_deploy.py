@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from stfs.csi import DEFAULT_STATE_DIR, DRIVER_NAME
+from stfs.csi.policy import DEFAULT_SOURCES
 from stfs.csi.volumes import ATTRIBUTES, SECRETS
+from stfs.options import size_bytes
 from tests.helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +93,19 @@ def test_the_node_plugin() -> None:
     named = {p["name"]: str(p["containerPort"]) for p in plugin["ports"]}
     assert named[plugin["livenessProbe"]["httpGet"]["port"]] == port
     assert pod["serviceAccountName"] == only("ServiceAccount")["metadata"]["name"]
+
+
+def test_the_node_plugin_states_its_policy_and_a_memory_limit() -> None:
+    """SPEC §15a: the sources allowed written out (not left to the defaults), no path on the node, each volume its
+    own credentials, and a memory limit that holds at least one volume at the largest cache it allows."""
+    pod = only("DaemonSet")["spec"]["template"]["spec"]
+    plugin = {container["name"]: container for container in pod["containers"]}["stfs"]
+    flags = [arg.removeprefix("--").split("=", 1) for arg in plugin["args"][1:]]
+    assert sorted(value for key, value in flags if key == "allow-source") == sorted(DEFAULT_SOURCES)
+    assert "allow-path" not in dict(flags) and "node-credentials" not in dict(flags)
+    cap = size_bytes(dict(flags)["max-cache-size"])
+    limit = plugin["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi") and int(limit[:-2]) << 30 >= 4 * (cap + (150 << 20))
 
 
 def test_the_examples_name_what_the_plugin_reads() -> None:

@@ -20,6 +20,9 @@ import grpc
 
 from .. import errors
 from ..daemon import is_dead_mount, unescape_mountinfo, unmount
+from ..sources.base import DEFAULT_CACHE_SIZE
+from . import environment
+from .policy import Policy
 from .volumes import Refused, Secrets, Volume
 
 log = logging.getLogger("stfs.csi")
@@ -67,24 +70,33 @@ def at_target(target: str) -> tuple[str, str | None]:
     return (DEAD if is_dead_mount(target) else LIVE), kind
 
 
-def publish(volume: Volume, secrets: Secrets, log_file: str) -> list[str]:
+def publish(volume: Volume, secrets: Secrets, log_file: str, home: str, policy: Policy) -> list[str]:
     """Mount ``volume`` at its target (which exists and has nothing mounted) with ``stfs mount``; return its
-    warnings once the mount is ready, or raise ``Refused`` with stfs's one line. Secrets go to the child's
-    environment, never its command line; a registry login to a private file removed once the mount is ready
-    (the daemon reads it when it opens the source, before the mount answers)."""
-    command = [sys.executable, "-m", "stfs", "mount", "-o", MOUNT_OPTIONS, "--log-file", log_file]
-    command += [*volume.mount_arguments(), "--", volume.source, volume.target]
+    warnings once the mount is ready, or raise ``Refused`` with stfs's one line. The child runs in ``environment``'s
+    environment for the volume (``home``: its own empty folder, also its working folder, so that nothing there
+    shadows the stfs installed); secrets go to its environment, never its command line; a registry login to a
+    private file removed once the mount is ready (the daemon reads it when it opens the source, before the mount
+    answers)."""
+    # -P (3.11+) and an empty working folder: `-m stfs` finds the stfs this plugin runs, whatever the plugin's
+    # working folder holds
+    command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m", "stfs", "mount"]
+    command += ["-o", MOUNT_OPTIONS, "--log-file", log_file, *volume.mount_arguments()]
+    if volume.cache_size is None and policy.cache_cap < DEFAULT_CACHE_SIZE:
+        command += ["--cache-size", policy.max_cache_size]
+    command += ["--", volume.source, volume.target]
     with _login_file(volume.source, secrets.login) as auth_file:
-        environment = {**os.environ, **secrets.environment}
-        if auth_file is not None:
-            environment["REGISTRY_AUTH_FILE"] = auth_file
+        given = {**secrets.environment, **({"REGISTRY_AUTH_FILE": auth_file} if auth_file is not None else {})}
+        variables = environment.for_volume(os.environ, given, home, policy.node_credentials, policy.paths)
         # stdin closed: nothing is asked; the daemon's own output goes to log_file once it serves
-        result = subprocess.run(command, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        result = subprocess.run(
+            command, env=variables, cwd=home, stdin=subprocess.DEVNULL, capture_output=True, text=True
+        )
     lines = [line.removeprefix("stfs: ") for line in result.stderr.splitlines() if line.strip()]
-    warnings = [line.removeprefix("warning: ") for line in lines if line.startswith("warning: ")]
+    warnings = [told(line.removeprefix("warning: "), auth_file) for line in lines if line.startswith("warning: ")]
     if result.returncode == 0:
         return warnings
     said = next((line for line in reversed(lines) if not line.startswith("warning: ")), f"exit {result.returncode}")
+    said = told(said, auth_file, anonymous=not policy.node_credentials)
     if result.returncode == 1:
         if "mount failed" in said:  # the daemon crashed or libfuse refused: not the SOURCE's fault
             raise Refused(grpc.StatusCode.INTERNAL, said)
@@ -92,6 +104,27 @@ def publish(volume: Volume, secrets: Secrets, log_file: str) -> list[str]:
     if result.returncode == 2:  # a usage error: an attribute stfs mount does not take after all
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, said.rpartition(": error: ")[2] or said)
     raise Refused(grpc.StatusCode.INTERNAL, f"stfs mount failed ({said})")
+
+
+# What a refusal may not pass on to the pod creator (SPEC §15a): bytes of what was read (a file that is no model
+# is named with its first bytes, and a header length those bytes spell), the files a volume without a secret found
+# no login in (the volume's own empty home), the temporary auth file a volume's login was in (deleted by now)
+_FIRST_BYTES = re.compile(r"[:,]? *\(?its first bytes are b(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\)?")
+_BYTES = re.compile(r"\bb(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+_LENGTH = re.compile(r"header length \d+ ")
+_NONE_FOUND = re.compile(r"none found for it in .*\(docker login, podman login or oras login write them\)")
+
+
+def told(message: str, auth_file: str | None, anonymous: bool = True) -> str:
+    """``stfs mount``'s line as a publish's message: the rule that refused, never bytes of what it read."""
+    if _FIRST_BYTES.search(message):  # not of the format at all: the length its first 8 bytes spell says nothing
+        message = _LENGTH.sub("header length ", _FIRST_BYTES.sub("", message))
+    message = _BYTES.sub("(bytes not shown)", message)
+    if auth_file is not None:
+        message = message.replace(auth_file, "the volume's secret")
+    if anonymous:
+        message = _NONE_FOUND.sub("the volume's secret has no username and password for it", message)
+    return message
 
 
 @contextlib.contextmanager
@@ -104,7 +137,7 @@ def _login_file(source: str, login: tuple[str, str] | None) -> Iterator[str | No
     from ..sources.registry import parse_reference
 
     try:
-        host = parse_reference(source).host
+        host = parse_reference("oci://" + source.partition("://")[2]).host  # docker:// is oci:// too
     except errors.StfsError as exc:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, exc.message) from None
     folder = tempfile.mkdtemp(prefix="stfs-csi-login-")

@@ -25,6 +25,7 @@ from google.protobuf import wrappers_pb2
 from .. import __version__
 from . import DRIVER_NAME, csi_pb2, csi_pb2_grpc
 from .mounts import DEAD, LIVE, NONE, at_target, clear, publish, remove_target
+from .policy import Policy
 from .state import State
 from .volumes import Refused, Volume, read_publish, read_target, shown
 
@@ -73,9 +74,10 @@ class Controller(csi_pb2_grpc.ControllerServicer):
 
 
 class Node(csi_pb2_grpc.NodeServicer):
-    def __init__(self, node_id: str, state: State) -> None:
+    def __init__(self, node_id: str, state: State, policy: Policy) -> None:
         self.node_id = node_id
         self.state = state
+        self.policy = policy
         self._busy: set[str] = set()
         self._lock = threading.Lock()
 
@@ -90,6 +92,8 @@ class Node(csi_pb2_grpc.NodeServicer):
         self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodePublishVolumeResponse:
         volume, secrets = read_publish(request)
+        self.policy.check_cache(volume.cache_size)
+        self.policy.check(volume.source)  # refused before anything of it is read, fetched or mounted
         with self._only_call_on(volume.target):
             if self._already_published(volume):
                 return csi_pb2.NodePublishVolumeResponse()
@@ -98,7 +102,8 @@ class Node(csi_pb2_grpc.NodeServicer):
             log.info("publish %s at %s: %s", volume.volume_id, volume.target, shown(volume.source))
             self.state.save(volume.record())
             try:
-                warnings = publish(volume, secrets, self.state.log_path(volume.target))
+                home = self.state.fresh_home(volume.target)
+                warnings = publish(volume, secrets, self.state.log_path(volume.target), home, self.policy)
             except BaseException:
                 self.state.forget(volume.target, log=False)
                 if made:  # as it was: the kubelet's retry, or its cleanup of the pod, finds no trace
@@ -178,7 +183,7 @@ def listen(path: str) -> None:
     os.unlink(path)
 
 
-def serve(endpoint: str, node_id: str, state_dir: str) -> None:
+def serve(endpoint: str, node_id: str, state_dir: str, policy: Policy) -> None:
     """Serve until SIGTERM or SIGINT; the mounts (each its own daemon) stay."""
     state = State(state_dir)
     known = list(state.records())
@@ -189,7 +194,7 @@ def serve(endpoint: str, node_id: str, state_dir: str) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(), server)
     csi_pb2_grpc.add_ControllerServicer_to_server(Controller(), server)
-    csi_pb2_grpc.add_NodeServicer_to_server(Node(node_id, state), server)
+    csi_pb2_grpc.add_NodeServicer_to_server(Node(node_id, state, policy), server)
     server.add_insecure_port(f"unix://{path}")
     stopping = threading.Event()
 
@@ -200,6 +205,15 @@ def serve(endpoint: str, node_id: str, state_dir: str) -> None:
     signal.signal(signal.SIGINT, stop)
     server.start()
     log.info("%s %s serving on unix://%s as node %s", DRIVER_NAME, __version__, path, node_id)
+    log.info(
+        "sources allowed: %s; paths allowed: %s; --max-cache-size %s; %s",
+        " ".join(policy.sources),
+        " ".join(policy.paths) or "none",
+        policy.max_cache_size,
+        "volumes use the plugin's own credentials (--node-credentials)"
+        if policy.node_credentials
+        else "each volume has its own secret's credentials only",
+    )
     while not stopping.wait(1.0):
         pass
     log.info("stopping; the mounts stay")

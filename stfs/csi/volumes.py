@@ -159,7 +159,7 @@ def read_secrets(secrets: dict[str, str], source: str) -> Secrets:
     if len(given) == 1:
         missing = next(key for key in LOGIN_SECRETS if key not in secrets)
         raise invalid(f"the secret has {given[0]!r} but not {missing!r}: a registry login needs both")
-    if not source.startswith("oci://"):
+    if not source.lower().startswith(("oci://", "docker://")):
         raise invalid("the secret's username and password are a registry login: for oci:// sources only")
     return Secrets(environment, (secrets["username"], secrets["password"]))
 

@@ -23,6 +23,7 @@ the *source* directly finds those pages gone and reads them again from disk.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import resource
@@ -43,6 +44,22 @@ DROP_LAG = 2 << 20  # stay this far behind a run's newest byte: its pages may st
 THREADED_DROP_LAG = 16 << 20  # with a thread pool, requests finish out of order and more are in flight
 MAX_RUNS = 8  # contiguous read runs followed per source file
 SMALL_RUN = 64 << 10  # reads shorter than this that continue no run are not followed (nor dropped)
+# Set by `stfs csi` (SPEC §15a): the folders, os.pathsep apart, that every file served must resolve into; a symbolic
+# link below an allowed folder that leads out of them is neither listed nor opened
+ROOTS_VARIABLE = "STFS_LOCAL_ROOTS"
+
+
+def confined_roots() -> tuple[str, ...] | None:
+    """The folders ``ROOTS_VARIABLE`` names (resolved), or None where it is not set: every file may be served."""
+    value = os.environ.get(ROOTS_VARIABLE)
+    if value is None:
+        return None
+    return tuple(os.path.realpath(folder) for folder in value.split(os.pathsep) if folder)
+
+
+def inside(path: str, roots: tuple[str, ...]) -> bool:
+    """Whether the resolved ``path`` is one of ``roots`` or lies below one."""
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def descriptor_budget() -> int:
@@ -146,6 +163,7 @@ class LocalFiles:
         # A single-threaded daemon skips the lock: two uncontended acquisitions are a tenth of a 4 KiB read.
         self.threaded = threaded
         self._lag = THREADED_DROP_LAG if threaded else DROP_LAG
+        self.roots = confined_roots()
 
     def kind(self, key: str) -> Kind | None:
         try:
@@ -163,6 +181,8 @@ class LocalFiles:
         for parent, subfolders, names in os.walk(folder):
             subfolders.sort()
             keys += [os.path.join(parent, name) for name in names]
+        if self.roots is not None:
+            keys = [key for key in keys if inside(os.path.realpath(key), self.roots)]
         return sorted(keys)
 
     def stat(self, key: str) -> FileInfo:
@@ -280,6 +300,8 @@ class LocalFiles:
     def _open_file(self, file: str) -> _OpenFile:
         fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
         try:
+            if self.roots is not None and not inside(os.readlink(f"/proc/self/fd/{fd}"), self.roots):
+                raise PermissionError(errno.EACCES, "it leads out of the folders this mount may read", file)
             stat = os.fstat(fd)
             pin = self._pins.get(file)
             if pin is None:
