@@ -10,10 +10,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import socket
 import ssl
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,25 @@ def test_a_tls_body_is_read_in_one_call_a_slice_and_the_connection_is_kept(size:
         client.close()
     entries = nginx.log.entries(at_least=2)  # nginx logs a request a moment after its response
     assert len(entries) == 2 and entries[0].connection == entries[1].connection
+
+
+def test_ranges_read_by_many_threads_over_tls_are_exact(nginx: Nginx, https: str) -> None:
+    """stfs._tls reads ahead of the records it hands over (128 KiB a read()): whatever it read ahead of one response
+    stays with its connection, and the next response on that connection starts where it should."""
+    data = os.urandom(24 * MIB)
+    nginx.put("blob", data)
+    rng = random.Random(53)
+    ranges = [
+        (rng.randrange(len(data) - 4 * MIB), rng.choice([9, SLICE - 1, SLICE + 1, 3 * MIB + 17])) for _ in range(40)
+    ]
+    client = HttpClient(https, {}, timeout=10.0)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda lo_size: _read(client, *lo_size)[0], ranges))
+    finally:
+        client.close()
+    assert all(body == data[lo : lo + size] for (lo, size), body in zip(ranges, got, strict=True))
+    assert 0 < len({entry.connection for entry in nginx.log.entries(at_least=40)}) <= 8  # connections kept
 
 
 def test_python_ssl_reads_where_stfs_tls_is_off(nginx: Nginx, https: str, monkeypatch: pytest.MonkeyPatch) -> None:
