@@ -48,14 +48,14 @@ def _read(client: HttpClient, lo: int, size: int) -> tuple[bytes, list[int]]:
 
 
 @pytest.mark.parametrize("size", [SLICE + 1, 3 * MIB + 4321, 8 * MIB])
-def test_a_tls_body_is_read_in_one_call_a_slice_and_the_connection_is_kept(size: int, nginx: Nginx, https: str) -> None:
+def test_a_tls_body_is_read_by_stfs_tls_and_the_connection_is_kept(size: int, nginx: Nginx, https: str) -> None:
     data = os.urandom(SKIP + size)
     nginx.put("blob", data)
     client = HttpClient(https, {}, timeout=3.0)
     try:
         body, pieces = _read(client, SKIP, size)
         assert body == data[SKIP:]
-        assert pieces[-1] == 1 and max(pieces) <= SLICE and sum(pieces) == size  # stfs._tls read it
+        assert pieces[-1] == 1 and sum(pieces) == size  # stfs._tls read it (a slice, then the rest if it came fast)
         small, _ = _read(client, 5, 10)  # http.client ended the response: the connection takes another request
         assert small == data[5:15]
     finally:
@@ -183,3 +183,23 @@ def test_an_https_mount_serves_the_source_bytes(
         read = subprocess.run(["dd", f"if={path}", "bs=1M", "status=none"], capture_output=True, check=True).stdout
         assert read == raw[lo:hi], path
     assert subprocess.run(["cmp", source, f"{mnt}/files/model.safetensors"]).returncode == 0
+
+
+def test_a_slow_tls_link_reports_its_bytes_slice_by_slice(
+    nginx: Nginx, https: str, fault_proxy: Callable[..., FaultProxy], tls_files: TlsFiles | None
+) -> None:
+    """stfs._tls reads the rest of a body in one call only where its first slice came fast enough for the whole to
+    come well within the timeout; over a slower link it goes on a slice a call, each reported to ``progress``."""
+    size = 2 * MIB + 4321
+    data = os.urandom(SKIP + size)
+    nginx.put("blob", data)
+    assert tls_files is not None
+    proxy = fault_proxy(nginx.url, tls_files)
+    proxy.set_rate(MIB)  # 2 MiB take 2 s, over an eighth of the 4 s timeout
+    client = HttpClient(proxy.url, {}, timeout=4.0)
+    try:
+        body, pieces = _read(client, SKIP, size)
+    finally:
+        client.close()
+    assert body == data[SKIP:]
+    assert pieces[-1] == 1 and max(pieces) <= SLICE and sum(pieces) == size
