@@ -5,7 +5,8 @@ A model of 128 MiB tensors (1 GiB by default, ``--size-mib``; random bytes) behi
 HTTPS (the tests' own CA: ``curl --cacert``, the daemon's ``SSL_CERT_FILE``). Each round, each case, side by side:
 
   curl     ``curl -o /dev/null URL``: the whole file in one GET; GB/s, and CPU-seconds per GB of curl (user +
-           system from /proc/PID/stat, read once it has exited and before it is reaped)
+           system from /proc/PID/stat, read once it has exited and before it is reaped); before and after the
+           stfs reads, the mean of the two
   stfs     ``dd if=MNT/files/MODEL of=/dev/null bs=1M`` on a fresh mount of the URL; GB/s, the daemon's CPU-seconds
            per GB (/proc/PID/stat before and after the read, the mount settled first: nothing running) and dd's (the
            kernel's copy out of the mount's page cache)
@@ -14,11 +15,19 @@ and behind a link capped at 50 MB/s a connection (nginx ``limit_rate``, ``/cappe
 and registry CDNs: curl of one 128 MiB tensor against ``dd`` of ``tensors/t2`` and of ``files/MODEL`` on fresh
 mounts (curl's rate is the cap whatever it reads, so the whole model is not fetched by curl: 20 s a GiB).
 
-The load (/proc/loadavg) is printed with every figure: the machine is shared. CPU-seconds per GB moves less with
-the load than GB/s does. ``--perf FILE`` records the daemon during the first HTTP read (``perf record -g
---per-thread``); ``perf report -i FILE --sort comm,sym`` shows where its time goes.
+Before each read (curl's and stfs's), 2 GiB of new memory is written once and freed (``touch_memory``): in a VM
+whose host takes freed memory back, the first write to such a page faults at the host too (3 CPU-s per GB here
+against 0.7 once it is back), and the mount's page cache takes new pages where curl to /dev/null takes none, so a
+cold round charges the daemon for the host (``--cold`` measures that way). ``--local`` adds ``dd`` of the same file
+mounted from disk: what FUSE's page cache alone costs the daemon. ``--checkout NAME=PATH`` (repeated) runs each
+checkout's stfs in every round, their order flipped round by round, against the same curl runs.
 
-    python3 benchmarks/bench_cpu.py --rounds 3 [--size-mib 1024] [--cases http,https,capped] [--perf perf.data]
+The load (/proc/loadavg) is printed with every figure: the machine is shared. CPU-seconds per GB moves less with
+the load than GB/s does. ``--perf PREFIX`` records the daemon during the first round's reads (``perf record -g -p
+PID``, into PREFIX.CASE.CHECKOUT); ``perf report -i FILE --no-children --sort sym`` shows where its time goes.
+
+    python3 benchmarks/bench_cpu.py --rounds 5 [--size-mib 1024] [--cases http,https,capped] [--local]
+        [--checkout before=DIR --checkout after=.] [--perf /tmp/perf]
 """
 
 from __future__ import annotations
@@ -104,7 +113,7 @@ def settled(pid: int, quiet: float = 0.3, limit: float = 20.0) -> float:
 
 @contextlib.contextmanager
 def recorded(pid: int, path: str | None) -> Iterator[None]:
-    """``perf record -g --per-thread -p PID -o PATH`` while the block runs (nothing without ``path``)."""
+    """``perf record -g -p PID -o PATH`` while the block runs (nothing without ``path``)."""
     if path is None:
         yield
         return
@@ -167,20 +176,26 @@ def one_round(
             url = f"{base}/{model}"
             if not args.cold:
                 figures["fresh_memory_gbs"] = touch_memory(2 * size)
-            seconds, used = curl(url, extra)
-            figures["curl_gbs"], figures["curl_cpu"] = size / seconds / 1e9, used / (size / 1e9)
+            first = curl(url, extra)
+            reads = {}
             for name, path in checkouts:
                 STFS_REPO[0] = path
                 perf = f"{args.perf}.{case}.{name}" if args.perf and number == 0 else None
-                stfs = read_through_mount(url, mnt, os.path.join("files", model), size, perf, not args.cold)
-                figures.update({f"{name}_{k}": v for k, v in stfs.items()})
-                figures[f"{name}_cpu_vs_curl"] = stfs["daemon_cpu"] / figures["curl_cpu"]
-                figures[f"{name}_rate_vs_curl"] = stfs["gbs"] / figures["curl_gbs"]
+                reads[name] = read_through_mount(url, mnt, os.path.join("files", model), size, perf, not args.cold)
                 if case == "http" and args.local:  # the file mounted from disk: what FUSE's page cache costs alone
                     local = read_through_mount(
                         str(nginx.root / model), mnt, f"files/{model}", size, None, not args.cold
                     )
                     figures.update({f"{name}_local_{k}": v for k, v in local.items()})
+            if not args.cold:
+                touch_memory(2 * size)
+            last = curl(url, extra)  # curl before and after stfs, their mean: the machine drifts meanwhile
+            figures["curl_gbs"] = statistics.mean(size / seconds / 1e9 for seconds, _ in (first, last))
+            figures["curl_cpu"] = statistics.mean(used / (size / 1e9) for _, used in (first, last))
+            for name, stfs in reads.items():
+                figures.update({f"{name}_{k}": v for k, v in stfs.items()})
+                figures[f"{name}_cpu_vs_curl"] = stfs["daemon_cpu"] / figures["curl_cpu"]
+                figures[f"{name}_rate_vs_curl"] = stfs["gbs"] / figures["curl_gbs"]
         else:
             url = f"{nginx.url}/capped/{model}"
             tensor = CAPPED_TENSOR if CAPPED_TENSOR in spans else sorted(spans)[-1]
