@@ -1,4 +1,4 @@
-/* stfs._tls: the body of an HTTP(S) response read into a buffer in one call, without the GIL.
+/* stfs._tls: the body of an HTTPS response read into a buffer in one call, without the GIL.
  *
  * Python's ssl hands over one TLS record (16 KiB at most) per call, and http.client's reader adds two more
  * Python calls and a GIL hand-off to each: with several fetches in flight on two cores, the hand-offs and
@@ -12,9 +12,6 @@
  * the caller passes) and the descriptor OpenSSL holds against the socket's. OpenSSL's functions are looked
  * up in the libssl that _ssl itself loaded, never a second copy. Where anything does not match, bind() or
  * read_into() says so and stfs reads through Python's ssl.
- *
- * recv_into() does the same for a plain socket: Python's socket reader is three Python calls and a GIL hand-off
- * a wake-up; here one call receives a block, waking once per low_water bytes (SO_RCVLOWAT, lowered for the tail).
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -24,7 +21,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
-#include <sys/socket.h>
 
 enum { SSL_ERROR_SSL = 1, SSL_ERROR_WANT_READ = 2, SSL_ERROR_WANT_WRITE = 3, SSL_ERROR_SYSCALL = 5,
        SSL_ERROR_ZERO_RETURN = 6 }; /* openssl/ssl.h, stable since 0.9 */
@@ -41,8 +37,8 @@ static struct {
     int (*get_error)(const void *ssl, int result);
     int (*get_fd)(const void *ssl);
     void (*clear_error)(void);
-    void (*set_read_ahead)(void *ssl, int yes);                   /* optional: where found */
-    void (*set_read_buffer_len)(void *ssl, size_t length);       /* optional: where found */
+    void (*set_read_ahead)(void *ssl, int yes);             /* these two optional: used where found */
+    void (*set_read_buffer_len)(void *ssl, size_t length);
 } openssl;
 
 /* The TLS stream is read from the socket this much at a time (SSL_set_read_ahead): records one by one would be two
@@ -52,7 +48,7 @@ static struct {
 
 /* bind(path) -> bool: look OpenSSL's functions up in the library at path (the _ssl module's file; None: the
  * process's global symbols) and what it loaded; True when all are there. */
-static PyObject *bind_openssl(PyObject *self, PyObject *path) {
+static PyObject *bind(PyObject *self, PyObject *path) {
     const char *name = path == Py_None ? NULL : PyUnicode_AsUTF8(path);
     if (path != Py_None && name == NULL) return NULL;
     void *library = name ? dlopen(name, RTLD_NOW | RTLD_NOLOAD) : RTLD_DEFAULT;
@@ -118,8 +114,8 @@ static PyObject *read_into(PyObject *self, PyObject *args) {
     size_t done = 0, size = (size_t)buffer.len;
     int failure = 0, error_number = 0, timed_out = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (openssl.set_read_ahead && openssl.set_read_buffer_len) { /* the buffer is made anew once empty (Python's
-                                                                   * SSL_MODE_RELEASE_BUFFERS): this length then */
+    if (openssl.set_read_ahead && openssl.set_read_buffer_len) {
+        /* OpenSSL makes the read buffer anew once it is empty (Python sets SSL_MODE_RELEASE_BUFFERS): this long */
         openssl.set_read_buffer_len(ssl, READ_AHEAD);
         openssl.set_read_ahead(ssl, 1);
     }
@@ -164,80 +160,11 @@ static PyObject *read_into(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(done);
 }
 
-/* Wait until fd is ready for events; 1 ready, 0 timed out, -1 errno set. */
-static int wait_for(int fd, short events, int timeout_ms) {
-    struct pollfd waiting = {fd, events, 0};
-    int ready;
-    do
-        ready = poll(&waiting, 1, timeout_ms);
-    while (ready < 0 && errno == EINTR);
-    return ready;
-}
-
-/* recv_into(fd, buffer, timeout, low_water) -> count: fill buffer from the (non-blocking) socket fd; fewer bytes
- * only where the peer closed it. A wait wakes once low_water bytes are there (SO_RCVLOWAT, never more than what is
- * still to come; 1 again at the end); timeout: seconds a wait may take (None: no limit). */
-static PyObject *recv_into(PyObject *self, PyObject *args) {
-    PyObject *timeout_object;
-    int fd;
-    Py_ssize_t low_water;
-    Py_buffer buffer;
-    if (!PyArg_ParseTuple(args, "iw*On", &fd, &buffer, &timeout_object, &low_water)) return NULL;
-    int timeout_ms = -1;
-    if (timeout_object != Py_None) {
-        double seconds = PyFloat_AsDouble(timeout_object);
-        if (seconds == -1.0 && PyErr_Occurred()) {
-            PyBuffer_Release(&buffer);
-            return NULL;
-        }
-        timeout_ms = seconds <= 0 ? 0 : seconds * 1000 > 2e9 ? 2000000000 : (int)(seconds * 1000);
-    }
-    size_t done = 0, size = (size_t)buffer.len;
-    int error_number = 0, timed_out = 0, mark = 1;
-    Py_BEGIN_ALLOW_THREADS
-    while (done < size) {
-        ssize_t got = recv(fd, (char *)buffer.buf + done, size - done, MSG_DONTWAIT);
-        if (got > 0) {
-            done += (size_t)got;
-            continue;
-        }
-        if (got == 0) break; /* closed */
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            error_number = errno;
-            break;
-        }
-        int want = (int)(low_water < 1 ? 1 : (size_t)low_water < size - done ? low_water : (Py_ssize_t)(size - done));
-        if (want != mark && setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) mark = want;
-        int ready = wait_for(fd, POLLIN, timeout_ms);
-        if (ready == 0) timed_out = 1;
-        if (ready < 0) error_number = errno;
-        if (ready <= 0) break;
-    }
-    if (mark != 1) {
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
-    }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&buffer);
-    if (timed_out) {
-        PyErr_SetString(PyExc_TimeoutError, "the read timed out");
-        return NULL;
-    }
-    if (error_number) {
-        errno = error_number;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return PyLong_FromSize_t(done);
-}
-
 static PyMethodDef methods[] = {
-    {"bind", bind_openssl, METH_O, "bind(path) -> bool: OpenSSL's functions from the library _ssl uses"},
+    {"bind", bind, METH_O, "bind(path) -> bool: OpenSSL's functions from the library _ssl uses"},
     {"usable", usable, METH_VARARGS, "usable(sslobj, sock, context, fd) -> bool: whether read_into can read it"},
     {"read_into", read_into, METH_VARARGS,
      "read_into(sslobj, sock, context, fd, buffer, timeout) -> count: fill buffer from the TLS stream"},
-    {"recv_into", recv_into, METH_VARARGS,
-     "recv_into(fd, buffer, timeout, low_water) -> count: fill buffer from a plain socket"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from stfs.sources import tls
 from stfs.sources.http_client import LOW_WATER, SLICE, HttpClient
 from tests.remote_helpers import MIB
 from tests.servers import FaultProxy, Nginx
@@ -28,13 +27,10 @@ def test_a_large_body_then_a_small_one_on_the_same_connection(size: int, nginx: 
     data = os.urandom(SKIP + size)
     nginx.put("blob", data)
     client = HttpClient(nginx.url, {}, timeout=3.0)  # a mark left up would hold the small read until this timeout
-    pieces: list[int] = []
     try:
         into = memoryview(bytearray(size))
-        client.get_into("blob", SKIP, into, progress=pieces.append)
+        client.get_into("blob", SKIP, into)
         assert into == data[SKIP:]
-        if tls.AVAILABLE and size > 2 * LOW_WATER:  # stfs._tls received all but a slice and a byte in one call
-            assert pieces[-1] == 1 and max(pieces) > LOW_WATER and sum(pieces) == size
         small = memoryview(bytearray(10))
         client.get_into("blob", 5, small)
         assert small == data[5:15]
@@ -97,11 +93,7 @@ def _ranges_from_threads(client: HttpClient, data: bytes, count: int, threads: i
         return list(pool.map(read, ranges))
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["recv_into", "socket"])
-def test_ranges_read_by_many_threads_are_exact(native: bool, nginx: Nginx, monkeypatch: pytest.MonkeyPatch) -> None:
-    if native and not tls.AVAILABLE:
-        pytest.skip("stfs._tls is not available here")
-    monkeypatch.setattr(tls, "AVAILABLE", native)  # False: as without the extension, or with STFS_NATIVE=0
+def test_ranges_read_by_many_threads_are_exact(nginx: Nginx) -> None:
     data = os.urandom(24 * MIB)
     nginx.put("blob", data)
     client = HttpClient(nginx.url, {}, timeout=10.0)
@@ -113,15 +105,9 @@ def test_ranges_read_by_many_threads_are_exact(native: bool, nginx: Nginx, monke
     assert 0 < len({entry.connection for entry in nginx.log.entries(at_least=40)}) <= 8  # connections kept
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["recv_into", "socket"])
-def test_a_slow_link_reports_its_bytes_as_they_come(
-    native: bool, nginx: Nginx, fault_proxy: Callable[[str], FaultProxy], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_slow_link_reports_its_bytes_as_they_come(nginx: Nginx, fault_proxy: Callable[[str], FaultProxy]) -> None:
     """Over a link too slow for the low-water mark (the first slice came slowly), the body is read a slice at a
     time, each reported to ``progress``: a reader waiting on it sees the link move."""
-    if native and not tls.AVAILABLE:
-        pytest.skip("stfs._tls is not available here")
-    monkeypatch.setattr(tls, "AVAILABLE", native)
     size = 2 * LOW_WATER + 4321
     data = os.urandom(SKIP + size)
     nginx.put("blob", data)

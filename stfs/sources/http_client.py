@@ -301,35 +301,19 @@ def _read_batched(
     timeout: float,
     progress: Callable[[int], None],
 ) -> int:
-    """Read all but the last byte of the body into ``into``, each wait for the socket woken once ``LOW_WATER`` bytes
-    are there (``SO_RCVLOWAT``; one call a block without the GIL where stfs._tls reads plain sockets, else one read a
-    ``LOW_WATER``, the mark back at 1 byte for the tail: more than the mark is still to come throughout, so no read
-    waits for bytes never sent); the count read. Plain HTTP only: TLS takes bytes off the socket ahead of what it
-    hands over. The last byte is left to ``http.client``, which then ends the response itself.
+    """Read all but the last ``LOW_WATER`` bytes of the body into ``into`` with the socket's low-water mark at
+    ``LOW_WATER`` (each wake-up brings at least that much); the count read. The mark is back at 1 byte before the
+    tail: more than the mark is still to come from the socket throughout, so no read waits for bytes never sent.
+    Plain HTTP only: TLS takes bytes off the socket ahead of what it hands over.
 
     Only on a link that brought the first ``SLICE`` fast enough for ``LOW_WATER`` to come well within ``timeout``:
     with the mark set a read waits for that much, and on a slower link it would time out while bytes still come.
     """
     started = time.monotonic()
     done = _read_piece(response, into, 0, SLICE, progress)
-    fast = (time.monotonic() - started) * (LOW_WATER / done) * 8 <= timeout
-    sock = connection.sock
-    read = tls.plain_reader(sock, LOW_WATER if fast else 1) if response.length == len(into) - done else None
-    if read is not None:  # what http.client's reader holds already, then the socket straight into ``into``
-        held = len(response.fp.peek())
-        if held:
-            done += _read_piece(response, into, done, min(done + held, len(into) - 1), progress)
-        step = len(into) if fast else SLICE  # a slow link's bytes reported as they come: a reader waits on them
-        while done < len(into) - 1:
-            got = read(into[done : min(done + step, len(into) - 1)])
-            if not got:
-                raise OSError(f"the connection closed after {done} of {len(into)} bytes")  # the caller closes it
-            response.length = len(into) - done - got  # what http.client still expects: it ends the response at 0
-            progress(got)
-            done += got
-        return done
-    if not fast:
+    if (time.monotonic() - started) * (LOW_WATER / done) * 8 > timeout:
         return done  # a slow link: the rest one slice at a time, no mark
+    sock = connection.sock
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, LOW_WATER)
     while done < len(into) - LOW_WATER:
         done += _read_piece(response, into, done, min(done + LOW_WATER, len(into) - LOW_WATER), progress)

@@ -1,5 +1,4 @@
-"""HTTP(S) bodies read without the GIL: ``stfs._tls`` over the SSL object that Python's ``ssl`` made, or over a
-plain socket.
+"""HTTPS bodies read without the GIL: ``stfs._tls`` over the SSL object that Python's ``ssl`` made.
 
 Python's ``ssl`` hands over one TLS record (16 KiB at most) per call, each a GIL hand-off and three Python calls
 under ``http.client``; ``stfs._tls.read_into`` fills a whole buffer in one call (see stfs/_tls.c for how it finds
@@ -40,16 +39,6 @@ def reader(sock: Any) -> Callable[[memoryview], int] | None:
         return None
     timeout = sock.gettimeout()
     return lambda into: int(_tls.read_into(sslobj, sock, context, fd, into, timeout))
-
-
-def plain_reader(sock: Any, low_water: int) -> Callable[[memoryview], int] | None:
-    """A function filling a buffer from the plain socket ``sock`` in one call (fewer bytes only where the peer closed
-    it), a wait waking once ``low_water`` bytes are there; ``None`` where ``stfs._tls`` is not there (then read it
-    through ``socket``)."""
-    if not AVAILABLE or isinstance(sock, ssl.SSLSocket) or sock.gettimeout() == 0:
-        return None
-    fd, timeout = sock.fileno(), sock.gettimeout()
-    return lambda into: int(_tls.recv_into(fd, into, timeout, low_water))
 
 
 def say_once() -> None:
