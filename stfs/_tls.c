@@ -115,7 +115,7 @@ static PyObject *read_into(PyObject *self, PyObject *args) {
     int failure = 0, error_number = 0, timed_out = 0;
     Py_BEGIN_ALLOW_THREADS
     if (openssl.set_read_ahead && openssl.set_read_buffer_len) {
-        /* OpenSSL makes the read buffer anew once it is empty (Python sets SSL_MODE_RELEASE_BUFFERS): this long */
+        /* the length of the read buffer OpenSSL makes next (it releases an empty one: SSL_MODE_RELEASE_BUFFERS) */
         openssl.set_read_buffer_len(ssl, READ_AHEAD);
         openssl.set_read_ahead(ssl, 1);
     }
