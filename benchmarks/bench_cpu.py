@@ -20,7 +20,9 @@ whose host takes freed memory back, the first write to such a page faults at the
 against 0.7 once it is back), and the mount's page cache takes new pages where curl to /dev/null takes none, so a
 cold round charges the daemon for the host (``--cold`` measures that way). ``--local`` adds ``dd`` of the same file
 mounted from disk: what FUSE's page cache alone costs the daemon. ``--checkout NAME=PATH`` (repeated) runs each
-checkout's stfs in every round, their order flipped round by round, against the same curl runs.
+checkout's stfs in every round, their order flipped round by round, against the same curl runs. The cases
+``fetch-http`` and ``fetch-https`` time the fetch side alone: the model as stfs's 8 MiB GETs, eight threads at a
+time, through its HTTP client into reused buffers, in a process of its own (no FUSE, no page cache).
 
 The load (/proc/loadavg) is printed with every figure: the machine is shared. CPU-seconds per GB moves less with
 the load than GB/s does. ``--perf PREFIX`` records the daemon during the first round's reads (``perf record -g -p
@@ -78,7 +80,7 @@ def finished_cpu(process: subprocess.Popen) -> float:
     os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
     used = cpu_seconds(process.pid)
     if process.wait() != 0:
-        raise RuntimeError(f"{process.args[0]} failed: {process.stderr.read() if process.stderr else ''}")
+        raise RuntimeError(f"{process.args!r} failed: {process.stderr.read() if process.stderr else ''}")
     return used
 
 
@@ -161,6 +163,52 @@ def read_through_mount(
     return {"gbs": gb / seconds, "daemon_cpu": daemon / gb, "dd_cpu": dd_cpu / gb}
 
 
+FETCH_BLOCK = 8 * MIB  # stfs's block: the GETs of its readahead
+FETCH_THREADS = 8  # as many as its window holds
+
+
+def fetch_child(url: str, size: int, tree: str) -> None:
+    """In a process of its own (``--fetch-child URL --fetch-tree TREE``): ``size`` bytes of ``url`` as
+    ``FETCH_BLOCK`` ranged GETs by ``FETCH_THREADS`` threads through the HTTP client of the checkout ``tree``'s stfs
+    into 16 reused slots; prints this process's CPU-seconds per GB and GB/s."""
+    import resource
+    from concurrent.futures import ThreadPoolExecutor
+
+    for name in [name for name in sys.modules if name == "stfs" or name.startswith("stfs.")]:
+        del sys.modules[name]  # benchlib imported this checkout's: the other one's is wanted
+    sys.path.insert(0, tree)
+    from stfs.sources.http_client import HttpClient
+
+    assert str(sys.modules["stfs"].__file__).startswith(os.path.join(tree, "")), "the other checkout's stfs"
+
+    base, _, path = url.partition("://")[2].partition("/")
+    client = HttpClient(url.split("://")[0] + "://" + base, {}, timeout=30.0)
+    slots = memoryview(mmap.mmap(-1, 16 * FETCH_BLOCK))
+    slots[:] = bytes(len(slots))  # the slots' pages faulted in before the clock starts, as a mount's are
+
+    def one(block: int) -> None:
+        slot = slots[(block % 16) * FETCH_BLOCK :][:FETCH_BLOCK]
+        client.get_into(path, block * FETCH_BLOCK, slot[: min(FETCH_BLOCK, size - block * FETCH_BLOCK)])
+
+    one(0)  # the first connection made and the TLS context loaded before the clock starts
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        list(pool.map(one, range(-(-size // FETCH_BLOCK))))
+    after, seconds = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - started
+    used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    client.close()
+    print(json.dumps({"cpu": used / (size / 1e9), "gbs": size / seconds / 1e9}))
+
+
+def fetch_side(tree: str, url: str, size: int) -> dict[str, float]:
+    """``fetch_child`` with the checkout ``tree``'s stfs: the fetch side of a read alone, no FUSE."""
+    command = [sys.executable, os.path.abspath(__file__), "--fetch-child", url, "--fetch-tree", tree]
+    command += ["--size-mib", str(size // MIB)]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment(), check=True, cwd=tree)
+    figures: dict[str, float] = json.loads(result.stdout.splitlines()[-1])
+    return figures
+
+
 def one_round(
     number: int, nginx: Nginx, tls_bundle: str, model: str, size: int, spans: dict[str, tuple[int, int]], args: Any
 ) -> dict[str, Any]:
@@ -196,6 +244,11 @@ def one_round(
                 figures.update({f"{name}_{k}": v for k, v in stfs.items()})
                 figures[f"{name}_cpu_vs_curl"] = stfs["daemon_cpu"] / figures["curl_cpu"]
                 figures[f"{name}_rate_vs_curl"] = stfs["gbs"] / figures["curl_gbs"]
+        elif case in ("fetch-http", "fetch-https"):
+            base = nginx.url if case == "fetch-http" else nginx.https_url
+            for name, path in checkouts:
+                fetched = fetch_side(path, f"{base}/{model}", size)
+                figures[f"{name}_fetch_cpu"], figures[f"{name}_fetch_gbs"] = fetched["cpu"], fetched["gbs"]
         else:
             url = f"{nginx.url}/capped/{model}"
             tensor = CAPPED_TENSOR if CAPPED_TENSOR in spans else sorted(spans)[-1]
@@ -249,6 +302,12 @@ def table(medians: dict[str, dict[str, float]], rounds: list[dict[str, Any]], na
     for case, m in medians.items():
         for name in names:
             label = case if len(names) == 1 else f"{case} ({name})"
+            if case.startswith("fetch"):
+                lines.append(
+                    f"| {label}: {FETCH_THREADS} threads' {FETCH_BLOCK // MIB} MiB GETs, no FUSE | | | "
+                    f"{m[f'{name}_fetch_gbs']:.2f} | {m[f'{name}_fetch_cpu']:.3f} (this process) | | |"
+                )
+                continue
             if case == "capped":
                 lines.append(
                     f"| {label}, 50 MB/s a connection | {m['curl_gbs']:.3f} | | tensor {m[f'{name}_tensor_gbs']:.3f}, "
@@ -280,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="/tmp/stfs-bench-cpu", help="where the model, nginx and mounts live")
     parser.add_argument("--size-mib", type=int, default=1024, help="the model's size (default 1024)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cases", default="http,https,capped", help="of http, https, capped")
+    parser.add_argument("--cases", default="http,https,capped", help="of http, https, capped, fetch-http, fetch-https")
+    parser.add_argument("--fetch-child", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--fetch-tree", help=argparse.SUPPRESS)
     parser.add_argument("--perf", help="perf record the daemon during the first HTTP read into this file")
     parser.add_argument("--cold", action="store_true", help="no memory touched before the reads (touch_memory)")
     parser.add_argument(
@@ -289,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local", action="store_true", help="also dd of files/ of a mount of the file on disk")
     parser.add_argument("--json", help="write every round's figures here")
     args = parser.parse_args(argv)
+    if args.fetch_child:
+        fetch_child(args.fetch_child, args.size_mib * MIB, args.fetch_tree)
+        return 0
     args.cases = [case for case in args.cases.split(",") if case]
     args.checkouts = [tuple(item.split("=", 1)) for item in args.checkout] or [("stfs", REPO)]
     args.checkouts = [(name, os.path.abspath(path)) for name, path in args.checkouts]
