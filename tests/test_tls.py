@@ -1,6 +1,7 @@
 """HTTPS bodies read by stfs._tls (stfs.sources.tls) from nginx's TLS port and a TLS fault proxy on 127.0.0.1:
 byte-exact, the kept-alive connection used again, a body cut short or stalled failing as Python's ssl fails, and
-Python's ssl reading wherever stfs._tls cannot; a mount over HTTPS serves the source's bytes either way.
+Python's ssl reading wherever stfs._tls cannot; a mount over HTTPS serves the source's bytes either way, to many
+readers at once within its memory bound.
 
 Which path read a body shows in its ``progress`` pieces: stfs._tls leaves the body's last byte to http.client (so
 that it ends the response itself), Python's ssl reads ``SLICE`` after ``SLICE`` to the end."""
@@ -14,15 +15,18 @@ import random
 import socket
 import ssl
 import subprocess
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from stfs.daemon import daemon_pid
 from stfs.sources import tls
 from stfs.sources.http_client import SLICE, HttpClient, https_context
-from tests.helpers import IN_CI, MountFn
+from tests.helpers import IN_CI, MountFn, read_cold, rss_memory, tensor_path
+from tests.models import tensor_bytes
 from tests.remote_helpers import MIB, big_model, publish_nginx
 from tests.servers import FaultProxy, Nginx, TlsFiles
 
@@ -203,3 +207,39 @@ def test_a_slow_tls_link_reports_its_bytes_slice_by_slice(
         client.close()
     assert body == data[SKIP:]
     assert pieces[-1] == 1 and max(pieces) <= SLICE and sum(pieces) == size
+
+
+def test_an_https_mount_under_concurrent_readers_is_exact_within_its_memory_bound(
+    nginx: Nginx, https: str, mount: MountFn, tmp_path: Path
+) -> None:
+    """Four threads reading tensors (each from its page cache dropped) and a ``cmp`` of ``files/`` at once, over
+    HTTPS with a 16 MiB cache: 64 MiB of random bytes through slots reused again and again, each body read ahead by
+    OpenSSL; every byte exact, and the daemon's RssAnon + RssShmem under the cache plus 150 MiB throughout."""
+    tensors = 8
+    source = big_model(tmp_path / "m" / "model.safetensors", tensors=tensors, tensor_bytes=8 * MIB + 777, seed=53)
+    base = publish_nginx(nginx, source.parent, "models/c").replace(nginx.url, https)
+    mnt = mount(f"{base}/model.safetensors", options=["cache_size=16M"])
+    pid = daemon_pid(mnt)
+    assert pid
+    names = [f"layers.{i}.weight" for i in range(tensors)]
+    expected = {name: tensor_bytes(str(source), name) for name in names}
+    peak = [rss_memory(pid)]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak.append(rss_memory(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        compare = subprocess.Popen(["cmp", source, f"{mnt}/files/model.safetensors"])
+        with ThreadPoolExecutor(4) as pool:
+            order = [names[(i * 3) % tensors] for i in range(2 * tensors)]  # each tensor twice, out of order
+            for name, got in zip(order, pool.map(lambda n: read_cold(tensor_path(mnt, n)), order), strict=True):
+                assert got == expected[name], name
+        assert compare.wait(timeout=60) == 0
+    finally:
+        done.set()
+        sampler.join(5)
+    assert max(peak) < (16 + 150) * MIB, f"RssAnon + RssShmem peaked at {max(peak) / MIB:.0f} MiB"
