@@ -37,7 +37,14 @@ static struct {
     int (*get_error)(const void *ssl, int result);
     int (*get_fd)(const void *ssl);
     void (*clear_error)(void);
+    void (*set_read_ahead)(void *ssl, int yes);             /* these two optional: used where found */
+    void (*set_read_buffer_len)(void *ssl, size_t length);
 } openssl;
+
+/* The TLS stream is read from the socket this much at a time (SSL_set_read_ahead): records one by one would be two
+ * read() calls each (a header, then the record), and each read that frees room in the socket can send an ACK, on
+ * loopback the sender's work done here. */
+#define READ_AHEAD (128 << 10)
 
 /* bind(path) -> bool: look OpenSSL's functions up in the library at path (the _ssl module's file; None: the
  * process's global symbols) and what it loaded; True when all are there. */
@@ -50,6 +57,8 @@ static PyObject *bind(PyObject *self, PyObject *path) {
     openssl.get_error = (int (*)(const void *, int))dlsym(library, "SSL_get_error");
     openssl.get_fd = (int (*)(const void *))dlsym(library, "SSL_get_fd");
     openssl.clear_error = (void (*)(void))dlsym(library, "ERR_clear_error");
+    openssl.set_read_ahead = (void (*)(void *, int))dlsym(library, "SSL_set_read_ahead");
+    openssl.set_read_buffer_len = (void (*)(void *, size_t))dlsym(library, "SSL_set_default_read_buffer_len");
     if (openssl.read_ex && openssl.get_error && openssl.get_fd && openssl.clear_error) Py_RETURN_TRUE;
     openssl.read_ex = NULL;
     Py_RETURN_FALSE;
@@ -105,6 +114,11 @@ static PyObject *read_into(PyObject *self, PyObject *args) {
     size_t done = 0, size = (size_t)buffer.len;
     int failure = 0, error_number = 0, timed_out = 0;
     Py_BEGIN_ALLOW_THREADS
+    if (openssl.set_read_ahead && openssl.set_read_buffer_len) {
+        /* the length of the read buffer OpenSSL makes next (it releases an empty one: SSL_MODE_RELEASE_BUFFERS) */
+        openssl.set_read_buffer_len(ssl, READ_AHEAD);
+        openssl.set_read_ahead(ssl, 1);
+    }
     while (done < size) {
         size_t got = 0;
         openssl.clear_error(); /* SSL_get_error reads this thread's queue */

@@ -41,6 +41,7 @@ SIGNED_QUERY = (
     f"&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&X-Amz-Signature={SIGNATURE}"
 )
 START_TIMEOUT = 15.0
+CAPPED_RATE = 50_000_000  # bytes/s a connection under nginx's /capped/
 STOP_TIMEOUT = 5.0
 
 
@@ -591,6 +592,10 @@ http {{
         location /private/ {{
             auth_basic "stfs";
             auth_basic_user_file {work}/htpasswd;
+        }}
+        location /capped/ {{  # a link capped per connection, as object stores and CDNs are (bench_cpu.py)
+            alias {self.root}/;
+            limit_rate {CAPPED_RATE};
         }}
         location /signed/ {{
             if (-f {work}/signatures-expired) {{ return 403; }}

@@ -95,7 +95,7 @@ class HttpClient:
             if not self.https and len(into) > 2 * LOW_WATER and connection.sock is not None:
                 done = _read_batched(response, connection, into, self.timeout, told)
             elif self.https and len(into) > SLICE:
-                done = _read_tls(response, connection.sock, into, told)
+                done = _read_tls(response, connection.sock, into, self.timeout, told)
             while done < len(into):
                 done += _read_piece(response, into, done, min(len(into), done + SLICE), told)
         except BaseException:
@@ -322,21 +322,30 @@ def _read_batched(
 
 
 def _read_tls(
-    response: http.client.HTTPResponse, sock: socket.socket | None, into: memoryview, progress: Callable[[int], None]
+    response: http.client.HTTPResponse,
+    sock: socket.socket | None,
+    into: memoryview,
+    timeout: float,
+    progress: Callable[[int], None],
 ) -> int:
     """Read all but the last byte of the body into ``into``: what ``http.client``'s reader holds already, then the
-    rest from ``sock``'s TLS stream in one call a ``SLICE`` (stfs.sources.tls); the count read, 0 where that
-    cannot read ``sock``. The last byte is left to ``http.client``, which then ends the response itself (the
-    connection can be kept)."""
+    rest from ``sock``'s TLS stream (stfs.sources.tls): in one call where the first ``SLICE`` came fast enough for
+    the whole body to come well within ``timeout``, else in one call a ``SLICE`` (each reported to ``progress``: a
+    slow link shows it is moving); the count read, 0 where that cannot read ``sock``. The last byte is left to
+    ``http.client``, which then ends the response itself (the connection can be kept)."""
     read = tls.reader(sock) if response.length == len(into) else None  # not chunked: the stream holds the body alone
     if read is None:
         return 0
     held = len(response.fp.peek())  # the body's first bytes, read with the headers (or a record, if none was)
     done = _read_piece(response, into, 0, min(held, len(into) - 1), progress) if held else 0
+    step = SLICE
     while done < len(into) - 1:
-        got = read(into[done : min(done + SLICE, len(into) - 1)])
+        started = time.monotonic()
+        got = read(into[done : min(done + step, len(into) - 1)])
         if not got:
             raise OSError(f"the connection closed after {done} of {len(into)} bytes")  # the caller closes it
+        if step == SLICE and (time.monotonic() - started) * (len(into) / got) * 8 <= timeout:
+            step = len(into)  # a fast link: the rest in one call
         response.length = len(into) - done - got  # what http.client still expects: it ends the response at 0
         progress(got)
         done += got
