@@ -213,3 +213,11 @@ class MissingDataFile(DataFileError):
 
 class DataFileTooShort(DataFileError):
     """The file a tensor's bytes lie in ends before them."""
+
+
+class FormatBug(StfsError):
+    """A format's reader returned a header that breaks what every format promises (``formats.seam``): a bug in stfs,
+    named as such, never served."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message}: a bug in stfs, not in the file (please report it)")
