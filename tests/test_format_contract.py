@@ -95,6 +95,22 @@ def write_dcp(stem: Path, arrays: Arrays) -> Path:
     return stem
 
 
+def write_flax(stem: Path, arrays: Arrays) -> Path:
+    """A state dict nested by the dots of each name, as flax.serialization.to_bytes writes it."""
+    from flax.serialization import to_bytes
+
+    tree: dict[str, Any] = {}
+    for name, array in arrays.items():
+        *folders, leaf = name.split(".")
+        node = tree
+        for folder in folders:
+            node = node.setdefault(folder, {})
+        node[leaf] = array
+    path = stem.with_suffix(".msgpack")
+    path.write_bytes(to_bytes(tree))
+    return path
+
+
 WRITERS: dict[str, Writer] = {
     "safetensors": write_safetensors,
     "gguf": write_gguf,
@@ -102,6 +118,7 @@ WRITERS: dict[str, Writer] = {
     "onnx": write_onnx,
     "dcp": write_dcp,
     "npz": write_npz,
+    "flax": write_flax,
 }
 
 

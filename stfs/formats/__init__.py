@@ -37,6 +37,7 @@ __all__ = [
     "encodable",
     "groups",
     "identify",
+    "indexing",
     "named",
     "read_with",
 ]
@@ -56,6 +57,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("onnx", (".onnx",), ()),
     ("dcp", (".metadata",), ()),  # a folder's .metadata: a torch.distributed.checkpoint, its .distcp files beside it
     ("npz", (".npz", ".npy"), ()),
+    ("flax", (".msgpack",), (".msgpack.index.json",)),
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)
@@ -74,6 +76,14 @@ def claiming(file_name: str) -> Format | None:
     """The format whose files are named like ``file_name`` (``x.gguf``); ``None`` where no format claims it."""
     for module, suffixes, _ in REGISTRY:
         if file_name.endswith(suffixes):
+            return named(module)
+    return None
+
+
+def indexing(file_name: str) -> Format | None:
+    """The format whose index files are named like ``file_name`` (``x.msgpack.index.json``); ``None`` where none."""
+    for module, _, indexes in REGISTRY:
+        if indexes and file_name.endswith(indexes):
             return named(module)
     return None
 
