@@ -16,7 +16,7 @@ import pytest
 
 from stfs import errors
 from stfs.model import read_header
-from tests.helpers import MountFn, refusal, run, stfs_command
+from tests.helpers import MountFn, run, stfs_command
 from tests.servers import Nginx
 
 serialization = pytest.importorskip("flax.serialization")
@@ -191,7 +191,7 @@ def test_view_safetensors_names_flax_model_after_what_the_folder_holds(
     assert names == (["flax_model.safetensors", "model.safetensors"] if beside else ["model.safetensors"])
     converted = Path(mnt, "safetensors", "flax_model.safetensors" if beside else "model.safetensors")
     with safe_open(str(converted), "np") as opened:
-        assert {key: opened.get_tensor(key).tobytes() for key in opened.keys()} == {
+        assert {key: opened.get_tensor(key).tobytes() for key in opened.keys()} == {  # noqa: SIM118 (safe_open is no mapping)
             name: array.tobytes() for name, array in tree.items()
         }
     if beside:
