@@ -265,3 +265,14 @@ def test_remote_info_reads_the_framing_by_range_never_the_arrays(nginx: Nginx, t
     for entry in nginx.log.entries():  # the first speculative read aside, no request starts inside an array
         lo = int(entry.range.removeprefix("bytes=").partition("-")[0])
         assert not any(t.begin <= lo < t.end for t in header.tensors), entry.range
+
+
+def test_the_fuzzer_finds_nothing_in_a_short_run(tmp_path: Path) -> None:
+    """fuzz/fuzz_flax.py: mutations of flax-written files, each refused in one line or read as msgpack_restore reads
+    it, in a worker with a memory cap and a timeout."""
+    from tests.helpers import REPO
+
+    command = [sys.executable, str(REPO / "fuzz" / "fuzz_flax.py"), "--seconds", "6", "--seed", "7"]
+    result = run([*command, "--out", str(tmp_path)], cwd=REPO, timeout=100)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "findings: 0" in result.stdout and "accepted: " in result.stdout, result.stdout

@@ -217,6 +217,10 @@ class Framing:
     def ext(self, code: int, size: int, depth: int) -> Ext:
         """An ext value of ``size`` bytes from here: an array's payload read now, where its framing is at hand."""
         start = self.pos
+        if code < 0:  # msgpack's own (-1: a timestamp), which no flax file holds
+            raise InvalidMsgpack(
+                self.path, f"the ext value at byte {start} is of type {code}, which flax does not write"
+            )
         if code in (ARRAY, SCALAR):
             try:
                 array = read_array(self, start, size)
@@ -227,8 +231,9 @@ class Framing:
             return Ext(code, start, size, array)
         if code == COMPLEX:
             pair = self.value(depth + 1)
-            if self.pos != start + size:
-                raise InvalidMsgpack(self.path, f"the complex at byte {start} is not one msgpack value")
+            numbers = isinstance(pair, list) and len(pair) == 2 and all(type(n) in (int, float) for n in pair)
+            if self.pos != start + size or not numbers:
+                raise InvalidMsgpack(self.path, f"the complex at byte {start} is not one pair of numbers")
             return Ext(code, start, size, pair=pair)
         return Ext(code, self.skip(size), size)
 
@@ -267,7 +272,7 @@ def read_array(framing: Framing, start: int, size: int) -> Array:
     shape = framing.value(1)
     dtype = framing.value(1)
     data = framing.value(1, ext_bytes=True)
-    if framing.pos != start + size or not isinstance(data, Ext):
+    if framing.pos != start + size or not isinstance(data, Ext) or data.code != -1:
         raise InvalidArray(path, f"its payload at byte {start} is not [shape, dtype, bytes] exactly")
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise InvalidArray(path, f"its shape {shape!r:.60} is not a list of non-negative integers")
@@ -368,16 +373,19 @@ def _chunked(path: str, name: str, value: dict[str, Any]) -> FlaxEntry:
     return FlaxEntry(name, DTYPES[arrays[0].dtype][0], tuple(dims), begin, begin + nbytes, gathered)
 
 
-def _walk(path: str, tree: dict[str, Any], prefix: str, tensors: list[FlaxEntry], plain: dict[str, str]) -> None:
-    """Each array of ``tree`` a tensor and each plain value a metadata entry, named by their path of keys."""
+def _walk(
+    path: str, tree: dict[str, Any], prefix: str, tensors: list[FlaxEntry], plain: dict[str, str], listed: bool = False
+) -> None:
+    """Each array of ``tree`` a tensor and each plain value a metadata entry, named by their path of keys; ``listed``:
+    within a list, where flax's reader leaves a chunked array's map as it is (it looks for them in maps of maps)."""
     for key, value in tree.items():
         name = prefix + key.replace("/", ".")
-        if isinstance(value, dict) and CHUNKED in value:  # flax unchunks a map's chunked values
+        if isinstance(value, dict) and CHUNKED in value and not listed:
             tensors.append(_chunked(path, name, value))
         elif isinstance(value, dict):
-            _walk(path, value, name + ".", tensors, plain)
+            _walk(path, value, name + ".", tensors, plain, listed)
         elif isinstance(value, list) and any(_holds_ext(item) for item in value):
-            _walk(path, {str(i): item for i, item in enumerate(value)}, name + ".", tensors, plain)
+            _walk(path, {str(i): item for i, item in enumerate(value)}, name + ".", tensors, plain, True)
         elif isinstance(value, Ext) and value.code in (ARRAY, SCALAR):
             tensors.append(_entry(name, value))
         elif isinstance(value, Ext) and value.code == COMPLEX:
@@ -418,6 +426,8 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         raise InvalidMsgpack(path, f"its msgpack value ends at byte {framing.pos}, the file at {file_size}")
     if not isinstance(top, dict):
         raise NotFlax(path, f"its msgpack value is a {type(top).__name__}, not a map")
+    if CHUNKED in top:  # flax's reader gives one array for the whole file, no state dict
+        raise InvalidChunkedArray(path, "its top level is one chunked array, not a state dict")
     tensors: list[FlaxEntry] = []
     plain: dict[str, str] = {}
     _walk(path, top, "", tensors, plain)
