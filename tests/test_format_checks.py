@@ -99,3 +99,34 @@ def test_info_and_mount_refuse_a_format_s_mistake_in_one_line(tmp_path: Path, mi
     save_file({"a": np.arange(6, dtype=np.float32)}, str(tmp_path / f"fine{SUFFIX}"))
     fine = broken_command("none", "info", str(tmp_path / f"fine{SUFFIX}"))
     assert fine.returncode == 0 and "F32" in fine.stdout, fine.stderr
+
+
+def rule_errors() -> list[type[errors.RuleError]]:
+    """Every format's rule errors (its module's, or its package's ``rules.py``) and the ones formats share."""
+    import importlib
+    import inspect
+
+    modules = [errors]
+    for name, _, _ in formats.REGISTRY:
+        module = importlib.import_module(f"stfs.formats.{name}")
+        modules.append(module)
+        if hasattr(module, "__path__"):  # a package: its rules live in rules.py
+            modules.append(importlib.import_module(f"stfs.formats.{name}.rules"))
+    found = {
+        value
+        for module in modules
+        for _, value in inspect.getmembers(module, inspect.isclass)
+        if issubclass(value, errors.RuleError) and value is not errors.RuleError
+    }
+    return sorted(found, key=lambda kind: (kind.__module__, kind.__name__))
+
+
+@pytest.mark.parametrize("kind", rule_errors(), ids=lambda kind: kind.__name__)
+def test_every_refusal_reads_as_a_sentence_with_a_way_out(kind: type[errors.RuleError]) -> None:
+    """What is wrong, that stfs cannot mount this kind of file (its format's words), by which rule, what to do."""
+    line = kind("/data/m.x", "what is wrong", "layers.0.w").message
+    assert "\n" not in line and line.startswith("/data/m.x: tensor 'layers.0.w': what is wrong: stfs cannot mount ")
+    assert f", by its rule '{kind.rule_text}' ({kind.__name__}); " in line and kind.rule_text and kind.advice
+    kind_of_file = line.partition("stfs cannot mount ")[2].partition(", by its rule")[0]
+    assert kind_of_file in ("this file", f"this {kind.format_name}", f"it as a {kind.format_name}")
+    assert kind.__module__ in ("stfs.errors", "stfs.formats.zip") or kind.format_name  # a format names its files

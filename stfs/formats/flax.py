@@ -62,8 +62,9 @@ class FlaxError(errors.RuleError):
     """A Flax msgpack file is refused: ``flax.serialization.msgpack_restore`` would not read it, or it holds what a
     tensor file cannot serve."""
 
-    format_name = "Flax msgpack"
+    format_name = "Flax msgpack file"
     rule_text = "invalid Flax msgpack file"
+    advice = "flax.serialization.msgpack_restore refuses it too: save the state again with flax.serialization.to_bytes"
 
 
 class NotFlax(FlaxError):
@@ -71,6 +72,7 @@ class NotFlax(FlaxError):
 
     rule_text = "a state dict of arrays"
     refutes_format = True
+    advice = "it is left in files/ as it is"
 
 
 class InvalidMsgpack(FlaxError):
@@ -83,6 +85,7 @@ class FlaxTruncated(FlaxError):
     """The file ends inside a value its framing says is there."""
 
     rule_text = "bytes inside the file"
+    advice = errors.CUT_SHORT
 
 
 class InvalidArray(FlaxError):
@@ -95,6 +98,7 @@ class UnsupportedDtype(FlaxError):
     """An array of a dtype safetensors has no name for (complex128, strings, objects)."""
 
     rule_text = "a dtype safetensors has"
+    advice = "save it as an array of a dtype safetensors has (complex64 for complex128); keep strings out of arrays"
 
 
 class InvalidChunkedArray(FlaxError):
