@@ -11,6 +11,7 @@ through the format's own ``Read``), or a tensor's bytes in another file (``model
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import prod
 
 from .. import errors
 from .base import DType, Format, Header, TensorEntry
@@ -23,17 +24,37 @@ def check_header(known: Format, registered: str, header: Header, size_of: Callab
     where = f"{header.path}: stfs's {known.title or registered} reader (stfs/formats/{registered})"
     if known.name != registered:
         raise errors.FormatBug(f"{where} calls itself {known.name!r} but REGISTRY lists it as {registered!r}")
-    dtypes: dict[str, DType | None] = {}
-    seen: set[str] = set()
+    groups: dict[str, tuple[int, int] | None] = {}  # dtype -> (values, bytes) of a group, None for an unknown name
+    data_start, file_size = header.data_start, header.file_size
     for entry in header.tensors:
-        if entry.dtype not in dtypes:
-            dtypes[entry.dtype] = standard(entry.dtype) or known.dtype(entry.dtype)
-        problem = _problem(entry, dtypes[entry.dtype], header, size_of)
-        if problem is None and entry.name in seen:
-            problem = "a name an earlier tensor has"
+        # the common case in few operations (a model may hold 100,000 tensors); anything else is looked at closely
+        if entry.dtype not in groups:
+            found = standard(entry.dtype) or known.dtype(entry.dtype)
+            groups[entry.dtype] = (found.group_values, found.group_bytes) if found is not None else None
+        group = groups[entry.dtype]
+        shape = entry.shape
+        count = prod(shape)
+        plain = (
+            group is not None
+            and type(count) is int
+            and count % group[0] == 0
+            and entry.end - entry.begin == count // group[0] * group[1]
+            and entry.begin >= 0
+            and (not shape or min(shape) >= 0)
+            and entry.file is None
+            and entry.scattered is None
+            and data_start + entry.end <= file_size
+        )
+        problem = None if plain else _problem(entry, standard(entry.dtype) or known.dtype(entry.dtype), header, size_of)
         if problem is not None:
             raise errors.FormatBug(f"{where} returned tensor {entry.name!r} with {problem}")
-        seen.add(entry.name)
+    names = [entry.name for entry in header.tensors]
+    if len(set(names)) != len(names):
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise errors.FormatBug(f"{where} returned tensor {name!r} with a name an earlier tensor has")
+            seen.add(name)
     for key, value in header.metadata.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise errors.FormatBug(f"{where} returned metadata {key!r}: {value!r:.60}, which is not a string")
