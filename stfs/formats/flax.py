@@ -72,7 +72,7 @@ class NotFlax(FlaxError):
 
     rule_text = "a state dict of arrays"
     refutes_format = True
-    advice = "it is left in files/ as it is"
+    advice = "flax.serialization.to_bytes writes a map holding arrays: a file of other values is no checkpoint"
 
 
 class InvalidMsgpack(FlaxError):
