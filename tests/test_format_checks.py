@@ -87,7 +87,9 @@ def broken_command(mistake: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("mistake", ["dtype", "gathered", "past-the-end", "name"])
-def test_info_and_mount_refuse_a_format_s_mistake_in_one_line(tmp_path: Path, mistake: str, require_fuse: None) -> None:
+def test_info_check_and_mount_refuse_a_format_s_mistake_in_one_line(
+    tmp_path: Path, mistake: str, require_fuse: None
+) -> None:
     path = source_for(tmp_path, mistake)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -95,6 +97,8 @@ def test_info_and_mount_refuse_a_format_s_mistake_in_one_line(tmp_path: Path, mi
         assert result.returncode == 1 and not mnt.is_mount()
         [line] = result.stderr.strip().splitlines()
         assert line.startswith(f"stfs: {path}: {CULPRIT} ") and line.endswith(BUG) and "Traceback" not in line
+    check = broken_command(mistake, "check", str(path))
+    assert check.returncode == 1 and check.stdout.strip().startswith(f"{path}: {CULPRIT} ") and BUG in check.stdout
     assert broken_command("none", "info", str(path.with_name("none" + SUFFIX))).returncode == 1  # no such file
     save_file({"a": np.arange(6, dtype=np.float32)}, str(tmp_path / f"fine{SUFFIX}"))
     fine = broken_command("none", "info", str(tmp_path / f"fine{SUFFIX}"))
