@@ -238,16 +238,17 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
     headers = {shard.header.path: shard.header for model in models for shard in model.shards}
     indexes = {model.index_path: model for model in models if model.index_path is not None}
     held = {file.path for file in files}
+    taken = _taken(models, files, held)
     tree.folder(["safetensors"], mtime_ns)
     for file in files:
         header = headers.get(file.key)
         model = indexes.get(file.key)
         if model is not None:
-            name = _converted_name(model.shards[0].header, file.path, held)
+            name = _converted_name(model.shards[0].header, file.path, taken)
             if not all(_converted_name(shard.header, shard.header.path) for shard in model.shards):
                 name = None
         else:
-            name = _converted_name(header, file.path, held) if header is not None else None
+            name = _converted_name(header, file.path, taken) if header is not None else None
         if name is not None and name in held:  # the repository has it as safetensors already: that file, no other
             continue
         segments: tuple[Segment, ...]
@@ -256,11 +257,25 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
             parts += [_source(*place(header, entry), entry) for entry in header.tensors if entry.size]
             segments = tuple(parts)
         elif name is not None and model is not None:
-            segments = (_safetensors_index(model, file.path, held),)
+            segments = (_safetensors_index(model, file.path, taken),)
         else:
             segments = (Range(file.key, 0, file.size),)
         components = ["safetensors", *(escape_component(part) for part in (name or file.path).split("/"))]
         tree.add_file(components, file.mtime_ns, segments)
+
+
+def _taken(models: Iterable[Model], files: list[SourceFile], held: set[str]) -> set[str]:
+    """The names ``safetensors/`` may not give a converted file: those the source holds, and a model's first names
+    wherever one of them is held (a sharded set falls back to its next names as one: its index and every shard)."""
+    paths = {file.key: file.path for file in files}
+    taken = set(held)
+    for model in models:
+        keys = [model.index_path, *(shard.header.path for shard in model.shards)]
+        known = formats.named(model.shards[0].header.format)
+        first = [names[0] for key in keys if key in paths and (names := known.safetensors_names(paths[key]))]
+        if any(name in held for name in first):
+            taken.update(first)
+    return taken
 
 
 def _converted_name(header: Header, path: str, held: Container[str] = ()) -> str | None:

@@ -198,6 +198,29 @@ def test_view_safetensors_names_flax_model_after_what_the_folder_holds(
         assert Path(mnt, "safetensors", "model.safetensors").read_bytes() == (repo / "model.safetensors").read_bytes()
 
 
+def test_a_sharded_set_beside_a_safetensors_set_is_named_flax_model_as_one(tmp_path: Path, mount: MountFn) -> None:
+    """The repository holds model.safetensors.index.json: the Flax set's index and every shard take their own names."""
+    from safetensors.numpy import save_file
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    params = state()["params"]
+    weight_map = shards(repo, params, 100)
+    save_file({"w": np.ones(2, np.float32)}, str(repo / "model-00001-of-00001.safetensors"))
+    index = {"metadata": {"total_size": 8}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+    (repo / "model.safetensors.index.json").write_text(json.dumps(index))
+    mnt = mount(str(repo), options=["view=safetensors"])
+    names = set(os.listdir(Path(mnt, "safetensors")))
+    converted = {name.replace(".msgpack", ".safetensors") for name in set(weight_map.values())}
+    assert names == {"model.safetensors.index.json", "model-00001-of-00001.safetensors"} | converted | {
+        "flax_model.safetensors.index.json"
+    }
+    flax_index = json.loads(Path(mnt, "safetensors", "flax_model.safetensors.index.json").read_bytes())
+    assert set(flax_index["weight_map"].values()) == converted
+    for name, file in flax_index["weight_map"].items():
+        assert safetensors_bytes(Path(mnt, "safetensors", file))[name] == np.asarray(dict(flat(params))[name]).tobytes()
+
+
 def test_a_msgpack_that_is_not_flax_s_stays_in_files(tmp_path: Path, mount: MountFn) -> None:
     from safetensors.numpy import save_file
 
