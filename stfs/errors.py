@@ -17,12 +17,17 @@ class StfsError(Exception):
         return str(self)
 
 
+CUT_SHORT = "the file is shorter than it says it is (a download or copy cut short?): fetch it again"
+
+
 class FormatError(StfsError):
     """A safetensors file breaks a validation rule; ``rule`` is its number."""
 
     rule = 0
     title = "invalid safetensors file"
     refutes_format = False  # the file is not of the format at all (a zip that is no checkpoint), not a broken one
+    # what to do instead, said after what is wrong (``RuleError``: its own words)
+    advice = "the safetensors package refuses it too: write it again with safetensors' save_file"
 
     def __init__(self, path: str, detail: str, tensor: str | None = None, *, first_bytes: bytes | None = None) -> None:
         self.path = path
@@ -33,11 +38,13 @@ class FormatError(StfsError):
         if first_bytes is not None:  # no safetensors file at all (a text file so named): said first, as of no format
             super().__init__(f"{where}not a safetensors file: its first bytes are {first_bytes!r} ({rule})")
         else:
-            super().__init__(f"{where}{rule}")
+            super().__init__(f"{where}{rule}: stfs cannot mount this safetensors file; {self.advice}")
 
 
 class HeaderTooSmall(FormatError):
     """The file is shorter than the 8-byte header length."""
+
+    advice = CUT_SHORT
 
     rule = 1
 
@@ -50,6 +57,8 @@ class HeaderTooLarge(FormatError):
 
 class InvalidHeaderLength(FormatError):
     """The header runs past the end of the file."""
+
+    advice = CUT_SHORT
 
     rule = 3
 
@@ -125,28 +134,48 @@ class InvalidOffset(FormatError):
 class MetadataIncompleteBuffer(FormatError):
     """The tensors do not end where the data section ends."""
 
+    advice = "the file is not the length its header says (cut short, or bytes added after?): fetch it again"
+
     rule = 11
 
 
 class RuleError(FormatError):
-    """A refusal named by its rule in a few words (``rule_text``), not by a safetensors rule number: the message
-    names the file, the tensor where there is one, the format (``format_name``), the rule and why."""
+    """A refusal named by its rule in a few words (``rule_text``), not by a safetensors rule number, read as one
+    sentence: the file and the tensor where there is one, what is wrong (``detail``), that stfs cannot mount it as
+    the kind of file it is (``format_name``), the rule, and what to do instead (``advice``)::
 
-    format_name = ""
+        /m/a.npz: entry 'a.npy' is compressed (method 8), as np.savez_compressed writes it: stfs cannot mount this
+        NumPy .npy/.npz file, by its rule 'stored members' (CompressedMember); ... save it again with np.savez ...
+    """
+
+    format_name = ""  # the kind of file, as a sentence names it: "NumPy .npz file", "GGUF file"
     rule_text = ""
+    # what to do instead, a clause; ``{path}`` is the file's path, ``{stem}`` that path less its last suffix
+    advice = ""
 
     def __init__(self, path: str, detail: str, tensor: str | None = None) -> None:
         self.path = path
         self.detail = detail
         self.tensor = tensor
         where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
-        rule = f"{self.format_name} {self.rule_text}" if self.format_name else self.rule_text
-        StfsError.__init__(self, f"{where}{rule} ({type(self).__name__}): {detail}")
+        if not self.format_name:
+            kind = "this file"
+        elif self.refutes_format:  # not of the format at all: it is no such file
+            kind = f"it as a {self.format_name}"
+        else:
+            kind = f"this {self.format_name}"
+        rule = f", by its rule '{self.rule_text}'" if self.rule_text else ""
+        stem = path.rpartition(".")[0] if "." in path.rpartition("/")[2] else path
+        advice = f"; {self.advice.format(path=path, stem=stem)}" if self.advice else ""
+        message = f"{where}{detail.rstrip('.')}: stfs cannot mount {kind}{rule} ({type(self).__name__}){advice}"
+        StfsError.__init__(self, message)
 
 
 class TruncatedFile(RuleError):
     """The file ends before something its own structure says is there (``formats.base.read_exact``); a format may
     word it as its own error (a checkpoint's ``CheckpointTruncated``)."""
+
+    advice = CUT_SHORT
 
     rule_text = "bytes inside the file"
 
@@ -205,11 +234,24 @@ class DataFileError(RuleError):
     cannot hold them. Checked for every format by ``model``, once the format has read the header."""
 
     rule_text = "data file"
+    advice = "fetch that file again, and keep it beside the model, where the model names it"
 
 
 class MissingDataFile(DataFileError):
     """The file a tensor's bytes lie in is not there (or is not a regular file)."""
 
+    advice = "put that file beside the model, where the model names it, as its writer left it"
+
 
 class DataFileTooShort(DataFileError):
     """The file a tensor's bytes lie in ends before them."""
+
+    advice = "that file is shorter than the model says (a download or copy cut short?): fetch it again"
+
+
+class FormatBug(StfsError):
+    """A format's reader returned a header that breaks what every format promises (``formats.seam``): a bug in stfs,
+    named as such, never served."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message}: a bug in stfs, not in the file (please report it)")

@@ -493,6 +493,9 @@ def _load_sharded(source: ByteSource, model_source: ModelSource, progress: Progr
     index = model_source.path
     document, raw = _read_index(source, index)
     weight_map = _read_weight_map(index, document)
+    indexed = formats.indexing(base_name(index))
+    if indexed is not None:  # as its shards' headers name their tensors (a Flax index: keys joined by "/")
+        weight_map = {indexed.index_name(name): shard for name, shard in weight_map.items()}
     problems: list[errors.StfsError] = []
     shards: list[Shard] = []
     # In shard-name order, not the weight_map's (usually sorted by tensor name): "the first shard" is model-00001.

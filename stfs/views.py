@@ -18,8 +18,9 @@ byte a node holds in memory was read while the model was validated.
 from __future__ import annotations
 
 import json
+import posixpath
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from . import formats
@@ -237,16 +238,17 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
     headers = {shard.header.path: shard.header for model in models for shard in model.shards}
     indexes = {model.index_path: model for model in models if model.index_path is not None}
     held = {file.path for file in files}
+    taken = _taken(models, files, held)
     tree.folder(["safetensors"], mtime_ns)
     for file in files:
         header = headers.get(file.key)
         model = indexes.get(file.key)
         if model is not None:
-            name = _converted_name(model.shards[0].header, file.path)
+            name = _converted_name(model.shards[0].header, file.path, taken)
             if not all(_converted_name(shard.header, shard.header.path) for shard in model.shards):
                 name = None
         else:
-            name = _converted_name(header, file.path) if header is not None else None
+            name = _converted_name(header, file.path, taken) if header is not None else None
         if name is not None and name in held:  # the repository has it as safetensors already: that file, no other
             continue
         segments: tuple[Segment, ...]
@@ -255,16 +257,32 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
             parts += [_source(*place(header, entry), entry) for entry in header.tensors if entry.size]
             segments = tuple(parts)
         elif name is not None and model is not None:
-            segments = (_safetensors_index(model),)
+            segments = (_safetensors_index(model, file.path, taken),)
         else:
             segments = (Range(file.key, 0, file.size),)
         components = ["safetensors", *(escape_component(part) for part in (name or file.path).split("/"))]
         tree.add_file(components, file.mtime_ns, segments)
 
 
-def _converted_name(header: Header, path: str) -> str | None:
-    """The name of the file at ``path`` in ``safetensors/`` where its format shows it converted, else ``None``."""
-    return formats.named(header.format).safetensors_name(path)
+def _taken(models: Iterable[Model], files: list[SourceFile], held: set[str]) -> set[str]:
+    """The names ``safetensors/`` may not give a converted file: those the source holds, and a model's first names
+    wherever one of them is held (a sharded set falls back to its next names as one: its index and every shard)."""
+    paths = {file.key: file.path for file in files}
+    taken = set(held)
+    for model in models:
+        keys = [model.index_path, *(shard.header.path for shard in model.shards)]
+        known = formats.named(model.shards[0].header.format)
+        first = [names[0] for key in keys if key in paths and (names := known.safetensors_names(paths[key]))]
+        if any(name in held for name in first):
+            taken.update(first)
+    return taken
+
+
+def _converted_name(header: Header, path: str, held: Container[str] = ()) -> str | None:
+    """The name of the file at ``path`` in ``safetensors/`` where its format shows it converted: the first of its
+    format's names that the source's files (``held``) do not have, else its first; ``None`` where it has none."""
+    names = formats.named(header.format).safetensors_names(path)
+    return next((name for name in names if name not in held), names[0] if names else None)
 
 
 def _safetensors_header(header: Header) -> bytes:
@@ -275,12 +293,22 @@ def _safetensors_header(header: Header) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
-def _safetensors_index(model: Model) -> bytes:
-    """The index of a set of converted files (``model.safetensors.index.json``): its weight_map naming them."""
+def _safetensors_index(model: Model, path: str, held: Container[str]) -> bytes:
+    """The index (at ``path`` among the source's files, ``held``) of a set of converted files
+    (``model.safetensors.index.json``): its weight_map naming them, and their tensors as their headers do."""
     assert model.index_bytes is not None
     document = json.loads(model.index_bytes)
-    convert = formats.named(model.shards[0].header.format).safetensors_name
-    document["weight_map"] = {name: convert(shard) or shard for name, shard in document["weight_map"].items()}
+    header = model.shards[0].header
+    known = formats.named(header.format)
+    folder = posixpath.dirname(path)
+
+    def converted(shard: str) -> str:
+        name = _converted_name(header, posixpath.join(folder, shard), held)
+        return shard if name is None else posixpath.relpath(name, folder) if folder else name
+
+    document["weight_map"] = {
+        known.index_name(name): converted(shard) for name, shard in document["weight_map"].items()
+    }
     return (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 

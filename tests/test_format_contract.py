@@ -7,11 +7,13 @@ in one line of a file cut short."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,7 +46,7 @@ def write_pytorch(stem: Path, arrays: Arrays) -> Path:
     import torch
 
     path = stem.with_suffix(".pt")
-    torch.save({name: torch.from_numpy(kept(array)) for name, array in arrays.items()}, path)
+    torch.save({name: as_torch(array) for name, array in arrays.items()}, path)
     return path
 
 
@@ -57,6 +59,17 @@ def write_npz(stem: Path, arrays: Arrays) -> Path:
 def kept(array: np.ndarray) -> np.ndarray:
     """A writable copy in its own order: a Fortran-order array stays one (torch.from_numpy: a strided tensor)."""
     return np.array(array, order="K", copy=True)
+
+
+def as_torch(array: np.ndarray) -> Any:
+    """``array`` as a torch tensor, in its own order; an ml_dtypes array (bfloat16, float8) as torch's dtype of that
+    name, which torch.from_numpy does not know."""
+    import torch
+
+    kind = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+    if array.dtype.name in kind:
+        return torch.from_numpy(kept(array).view(f"u{array.itemsize}")).view(kind[array.dtype.name])
+    return torch.from_numpy(kept(array))
 
 
 def write_onnx(stem: Path, arrays: Arrays) -> Path:
@@ -74,13 +87,28 @@ def write_dcp(stem: Path, arrays: Arrays) -> Path:
     """A folder (``.metadata``, ``__0_0.distcp``) as torch.distributed.checkpoint.save writes it in one process."""
     import warnings
 
-    import torch
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():  # "torch.distributed is disabled ...: assuming ... a single process"
         warnings.simplefilter("ignore")
-        dcp.save({name: torch.from_numpy(kept(array)) for name, array in arrays.items()}, checkpoint_id=str(stem))
+        dcp.save({name: as_torch(array) for name, array in arrays.items()}, checkpoint_id=str(stem))
     return stem
+
+
+def write_flax(stem: Path, arrays: Arrays) -> Path:
+    """A state dict nested by the dots of each name, as flax.serialization.to_bytes writes it."""
+    from flax.serialization import to_bytes
+
+    tree: dict[str, Any] = {}
+    for name, array in arrays.items():
+        *folders, leaf = name.split(".")
+        node = tree
+        for folder in folders:
+            node = node.setdefault(folder, {})
+        node[leaf] = array
+    path = stem.with_suffix(".msgpack")
+    path.write_bytes(to_bytes(tree))
+    return path
 
 
 WRITERS: dict[str, Writer] = {
@@ -90,11 +118,39 @@ WRITERS: dict[str, Writer] = {
     "onnx": write_onnx,
     "dcp": write_dcp,
     "npz": write_npz,
+    "flax": write_flax,
 }
 
 
-def test_every_registered_format_is_in_this_contract() -> None:
-    assert [module for module, _, _ in formats.REGISTRY] == list(WRITERS)
+def format_modules(package: Path = Path(formats.__file__).parent) -> list[str]:
+    """The modules (or packages) of ``package`` that define a ``FORMAT``: the formats written, registered or not."""
+    found = []
+    for path in sorted(package.iterdir()):
+        source = path / "__init__.py" if path.is_dir() else path
+        if source.suffix == ".py" and source.exists():
+            tree = ast.parse(source.read_text())
+            assigned = [
+                node.targets if isinstance(node, ast.Assign) else [node.target]
+                for node in tree.body
+                if isinstance(node, (ast.Assign, ast.AnnAssign))
+            ]
+            if any(isinstance(t, ast.Name) and t.id == "FORMAT" for targets in assigned for t in targets):
+                found.append(path.stem)
+    return found
+
+
+def test_every_format_is_registered_and_in_this_contract(tmp_path: Path) -> None:
+    """A format module without its REGISTRY line, or a REGISTRY line without a writer here, fails (issue #52: forgetting
+    both passed every test)."""
+    registered = [module for module, _, _ in formats.REGISTRY]
+    assert sorted(format_modules()) == sorted(registered), "a format module of stfs/formats is not in REGISTRY"
+    assert [name for name in registered if name not in WRITERS] == [], "a format without its writer in WRITERS"
+    assert list(WRITERS) == registered, "WRITERS is not in REGISTRY's order"
+    (tmp_path / "newformat").mkdir()  # the scan finds a format a contributor forgot to register, module or package
+    (tmp_path / "newformat" / "__init__.py").write_text("from .x import Y\n\nFORMAT = Y()\n")
+    (tmp_path / "other.py").write_text("FORMAT: Format = Other()\n")
+    (tmp_path / "helper.py").write_text("def f() -> None:\n    FORMAT = 1\n")
+    assert format_modules(tmp_path) == ["newformat", "other"]
 
 
 def arrays(seed: int = 0) -> Arrays:
@@ -262,3 +318,81 @@ def test_a_file_of_no_format_names_the_formats_stfs_reads(tmp_path: Path, requir
     assert result.returncode == 1
     line = one_line(result, source)
     assert f"not a model stfs reads (a {every_title()} file)" in line and "rule" not in line
+
+
+# numpy's dtypes (ml_dtypes' for BF16 and F8) and the safetensors dtype each is, for the dtypes test below
+NUMPY_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "U32": "uint32",
+    "I32": "int32",
+    "F32": "float32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
+
+
+def test_every_dtype_a_format_emits_is_one_stfs_knows_with_its_bytes(tmp_path: Path, kind: str) -> None:
+    """Each numpy dtype its writer writes, a file of its own: the format names it as safetensors does (the seam refuses
+    any other name as the format's bug) and serves its bytes, or refuses the file by a rule of its own in one line."""
+    import ml_dtypes
+
+    from stfs import errors, model
+    from stfs.nodes import read_into
+    from stfs.sources import LocalFiles
+    from stfs.views import build_tree
+
+    served, refused = [], []
+    for name, numpy_name in NUMPY_DTYPES.items():
+        dtype = np.dtype(getattr(ml_dtypes, numpy_name, numpy_name))
+        array = (np.arange(12) % 3).astype(dtype).reshape(3, 4)
+        try:
+            source = WRITERS[kind](tmp_path / name, {"t": array})
+        except (TypeError, ValueError):  # a dtype its writer does not write
+            continue
+        try:  # the seam's errors.FormatBug is no FormatError: it fails the test
+            loaded = model.load(model.discover(str(source))[0])
+        except errors.FormatError as exc:  # a file of the dtype its format does not serve (a bfloat16 .npy is 'V2')
+            assert str(source) in exc.message and "\n" not in exc.message
+            refused.append(name)
+            continue
+        [entry] = loaded.shards[0].header.tensors
+        assert entry.dtype == name
+        node = build_tree([loaded]).lookup("/tensors/t")
+        files = LocalFiles()
+        try:
+            buffer = bytearray(array.nbytes)
+            read_into(node, 0, memoryview(buffer), files.read_into)  # type: ignore[arg-type]
+        finally:
+            files.close()
+        assert bytes(buffer) == array.tobytes(), name
+        served.append(name)
+    # what every writer writes, every format serves
+    assert {"I8", "I16", "F16", "I32", "F32", "F64", "I64"} <= set(served), (served, refused)
+
+
+def test_a_tensor_ending_past_its_file_is_refused_by_its_format(tmp_path: Path, kind: str) -> None:
+    """The file holding the tensor that ends last, cut inside that tensor: its format refuses it by a rule of its own
+    (or, a tensor of another file, stfs's data-file rule), naming the file: never the seam's bug line, never served."""
+    from stfs import errors, model
+
+    source = written(tmp_path, kind)
+    loaded = model.load(model.discover(str(source))[0])
+    header = loaded.shards[0].header
+    folder = Path(header.path).parent
+    last = max(header.tensors, key=lambda entry: entry.end if entry.scattered is None else 0)
+    target = Path(header.path) if last.file is None else folder / last.file
+    with open(target, "r+b") as stream:
+        stream.truncate(header.data_start * (last.file is None) + last.end - 4)
+    with pytest.raises(errors.FormatError) as caught:  # not the seam's errors.FormatBug, which is no FormatError
+        model.load(model.discover(str(source))[0])
+    assert str(source) in caught.value.message and "\n" not in caught.value.message

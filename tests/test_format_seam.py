@@ -17,6 +17,7 @@ from stfs.model import Model, Shard
 from stfs.nodes import read_into
 from stfs.sources import LocalFiles
 from stfs.views import build_tree
+from tests.broken_formats import registered
 from tests.helpers import MountFn, refusal, stfs_command
 
 
@@ -76,9 +77,10 @@ def plain_file(tmp_path: Path) -> tuple[Path, np.ndarray]:
 
 def read_plain(path: Path) -> Header:
     data = path.read_bytes()
-    return formats.read_with(
-        Plain(), lambda offset, size: data[offset : offset + size], path=str(path), file_size=len(data)
-    )
+    with registered(Plain(), "plain", (".plain",)) as known:  # read_with reads only with a format of REGISTRY
+        return formats.read_with(
+            known, lambda offset, size: data[offset : offset + size], path=str(path), file_size=len(data)
+        )
 
 
 def test_a_header_holding_a_gathered_tensor_says_so_and_its_file_is_gathered_in_c_order(tmp_path: Path) -> None:

@@ -310,8 +310,8 @@ def refused(data: bytes, error: type[gguf_rules.GgufError], tensor: str | None =
     assert isinstance(exc, errors.FormatError) and isinstance(exc, errors.StfsError)
     message = exc.message
     assert message.startswith(f"{path}: "), message
-    assert f"GGUF {error.rule_text} ({error.__name__}): " in message
-    assert "\n" not in message and len(message) < 400, message
+    assert f": stfs cannot mount this GGUF file, by its rule '{error.rule_text}' ({error.__name__}); " in message
+    assert "\n" not in message and len(message) < 500, message
     assert exc.tensor == tensor
     if tensor is not None:
         assert f"tensor {tensor!r}" in message

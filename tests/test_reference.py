@@ -226,7 +226,10 @@ def test_second_metadata_is_named_not_called_a_tensor(tmp_path: Path) -> None:
     path = write_header(str(tmp_path / "twice.safetensors"), None, raw=ALSO_REFUSED[0][0].encode())
     refusal = stfs_refusal(path)
     assert refusal is not None and refusal.tensor is None
-    assert refusal.message.endswith("rule 5 (DuplicateKey): __metadata__ appears twice")
+    assert (
+        "rule 5 (DuplicateKey): __metadata__ appears twice: stfs cannot mount this safetensors file; "
+        in refusal.message
+    )
 
 
 @pytest.mark.parametrize(("header", "error"), STRICTER)

@@ -17,6 +17,7 @@ from functools import cache
 from .. import errors
 from .base import DType, Folder, Format, Header, RangeFetcher, Rows, Scattered, SplitSet, TensorEntry, encodable
 from .dtypes import standard
+from .seam import check_header
 
 __all__ = [
     "INDEX_SUFFIXES",
@@ -36,6 +37,7 @@ __all__ = [
     "encodable",
     "groups",
     "identify",
+    "indexing",
     "named",
     "read_with",
 ]
@@ -55,6 +57,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("onnx", (".onnx",), ()),
     ("dcp", (".metadata",), ()),  # a folder's .metadata: a torch.distributed.checkpoint, its .distcp files beside it
     ("npz", (".npz", ".npy"), ()),
+    ("flax", (".msgpack",), (".msgpack.index.json",)),
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)
@@ -73,6 +76,14 @@ def claiming(file_name: str) -> Format | None:
     """The format whose files are named like ``file_name`` (``x.gguf``); ``None`` where no format claims it."""
     for module, suffixes, _ in REGISTRY:
         if file_name.endswith(suffixes):
+            return named(module)
+    return None
+
+
+def indexing(file_name: str) -> Format | None:
+    """The format whose index files are named like ``file_name`` (``x.msgpack.index.json``); ``None`` where none."""
+    for module, _, indexes in REGISTRY:
+        if indexes and file_name.endswith(indexes):
             return named(module)
     return None
 
@@ -100,12 +111,26 @@ def read_with(
     known: Format, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
 ) -> Header:
     """The header of the file ``path`` as the format ``known`` reads it (``Format.read_header``), named after it:
-    ``Header.format`` and each tensor's xattr namespace are ``known.name``, whatever the format's own code says."""
+    ``Header.format`` and each tensor's xattr namespace are ``known.name``, whatever the format's own code says; checked
+    (``seam.check_header``): a header that breaks what every format promises is ``errors.FormatBug``."""
     header = known.read_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
+    folder = getattr(fetch, "folder", None)
+    check_header(known, _registered(known, path), header, folder.size if folder is not None else lambda file: None)
     object.__setattr__(header, "format", known.name)  # a Header is frozen for everyone but the seam that made it
     for entry in header.tensors:
         _SET_NAMESPACE(entry, known.name)
     return header
+
+
+def _registered(known: Format, path: str) -> str:
+    """The name ``REGISTRY`` lists ``known`` under (its ``name``, unless the format is wrong about it)."""
+    names = [module for module, _, _ in REGISTRY]
+    if known.name in names and named(known.name) is known:
+        return known.name
+    for module in names:
+        if named(module) is known:
+            return module
+    raise errors.FormatBug(f"{path}: stfs's {known.title or known.name} reader is not in formats.REGISTRY")
 
 
 @cache

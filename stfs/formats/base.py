@@ -216,6 +216,18 @@ class Format:
         ``json_made`` with each tensor's bytes after it); ``None``: shown as it is."""
         return None
 
+    def safetensors_names(self, path: str) -> tuple[str, ...]:
+        """Its names in ``--view safetensors`` by preference, the first that the source's files do not hold taken
+        (``flax_model.msgpack``: ``model.safetensors``, else ``flax_model.safetensors``); by default the one
+        ``safetensors_name`` gives."""
+        name = self.safetensors_name(path)
+        return (name,) if name is not None else ()
+
+    def index_name(self, name: str) -> str:
+        """The tensor an index's ``weight_map`` key ``name`` stands for, as this format's headers name it (transformers
+        names a Flax shard's tensors by their keys joined by ``/``)."""
+        return name
+
 
 @dataclass(frozen=True, slots=True)
 class DType:

@@ -60,7 +60,8 @@ class NumpyError(errors.RuleError):
     tensor file cannot serve. ``rule_text`` names the rule in a few words."""
 
     rule_text = "invalid NumPy file"
-    format_name = "NumPy"
+    format_name = "NumPy .npy/.npz file"
+    advice = "np.load refuses it too: write the arrays again with np.save or np.savez"
 
 
 class NotNpy(NumpyError):
@@ -80,24 +81,28 @@ class ObjectArray(NumpyError):
     """An array of Python objects: its data is a pickle (``allow_pickle``), never read by stfs."""
 
     rule_text = "no object arrays"
+    advice = "its data is a pickle, never run by stfs: save the arrays as numbers (a numeric dtype, not object)"
 
 
 class BigEndianArray(NumpyError):
     """A big-endian array (``descr`` ``>f4``): tensor files are little-endian."""
 
     rule_text = "little-endian data"
+    advice = "save it little-endian: np.save(f, a.astype(a.dtype.newbyteorder('<')))"
 
 
 class UnsupportedDtype(NumpyError):
     """A dtype safetensors has no name for: complex128, strings, records, void."""
 
     rule_text = "a dtype safetensors has"
+    advice = "save it as one safetensors has (bool, integers, float16/32/64, complex64), e.g. a.astype(np.float32)"
 
 
 class NpyTruncated(NumpyError):
     """The data (or the header) ends before its shape says."""
 
     rule_text = "bytes inside the file"
+    advice = errors.CUT_SHORT
 
 
 class InvalidNpz(NumpyError):
@@ -110,12 +115,14 @@ class CompressedMember(NumpyError):
     """A member is compressed (``np.savez_compressed``) or encrypted: its bytes are not in the file as they are."""
 
     rule_text = "stored members"
+    advice = (
+        "a tensor's file is its bytes in the file as they are: save it again with np.savez, which stores them: "
+        "python3 -c \"import numpy as np; np.savez('{stem}-stored.npz', **np.load('{path}'))\""
+    )
 
 
 WORDS: Words = {
-    EntryNotStored: lambda path, detail: CompressedMember(
-        path, f"{detail}: written by np.savez_compressed? np.savez stores them"
-    ),
+    EntryNotStored: lambda path, detail: CompressedMember(path, f"{detail}, as np.savez_compressed writes it"),
     ZipError: InvalidNpz,
     errors.TruncatedFile: NpyTruncated,
 }

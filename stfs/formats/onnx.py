@@ -43,13 +43,15 @@ class OnnxError(errors.RuleError):
     """
 
     rule_text = "invalid ONNX model"
-    format_name = "ONNX"
+    format_name = "ONNX model"
+    advice = "onnx.load refuses it too: export it again, or save it again with onnx.save_model"
 
 
 class TruncatedProtobuf(OnnxError):
     """A field's length or a varint runs past the end of the message holding it, or of the file."""
 
     rule_text = "protobuf inside the file"
+    advice = errors.CUT_SHORT
 
 
 class InvalidProtobuf(OnnxError):
@@ -63,6 +65,7 @@ class UnknownDataType(OnnxError):
     """A tensor's ``data_type`` is not one of ``TensorProto.DataType`` (or is ``UNDEFINED``)."""
 
     rule_text = "known data_type"
+    advice = "cast that initializer to a type safetensors has (FLOAT, FLOAT16, BFLOAT16, INT8, ...) and save it again"
 
 
 class InvalidDims(OnnxError):
@@ -83,6 +86,7 @@ class InvalidExternalData(OnnxError):
     a non-negative integer."""
 
     rule_text = "external data"
+    advice = "keep its external data files beside it, as onnx.save_model(..., save_as_external_data=True) wrote them"
 
 
 class LocationOutsideFolder(OnnxError):
@@ -95,6 +99,7 @@ class TypedDataTooLarge(OnnxError):
     """The tensors a model keeps in typed fields (``int32_data``, ...) would need more than stfs holds in memory."""
 
     rule_text = "typed fields within bounds"
+    advice = "save it with raw_data (onnx.numpy_helper.from_array does), or its large tensors as external data"
 
 
 # Bytes read at once while walking the framing: a window after a jump over a payload, doubled while the walk reads

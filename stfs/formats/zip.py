@@ -23,12 +23,14 @@ class ZipError(errors.RuleError):
     """The zip structure is broken: end records, central directory, a local header, an entry's sizes."""
 
     rule_text = "zip archive"
+    advice = "unzip -t shows what is wrong with it: fetch it again, or write it again with its writer"
 
 
 class EntryNotStored(ZipError):
     """An entry whose bytes must be read or served is compressed, encrypted, or marked a folder."""
 
     rule_text = "stored entries"
+    advice = "write it again with its entries stored (zip -0), as its writer does by default"
 
 
 MAX_ENTRIES = 1_000_000

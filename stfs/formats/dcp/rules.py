@@ -12,7 +12,10 @@ class DcpError(RuleError):
     """
 
     rule_text = "invalid distributed checkpoint"
-    format_name = "DCP"
+    format_name = "PyTorch Distributed Checkpoint"
+    advice = (
+        "torch.distributed.checkpoint.load cannot read it either: save it again with torch.distributed.checkpoint.save"
+    )
 
 
 class NotDcpMetadata(DcpError):
@@ -35,6 +38,7 @@ class TransformedStorage(DcpError):
     bytes ``torch.save`` wrote."""
 
     rule_text = "untransformed storage"
+    advice = "save it again without a storage transform (compression, encryption) on torch.distributed.checkpoint.save"
 
 
 class ChunkOutsideTensor(DcpError):
@@ -59,6 +63,7 @@ class MissingChunkStorage(DcpError):
     """A chunk (or a bytes entry) has no ``storage_data`` entry saying where it lies."""
 
     rule_text = "storage of every chunk"
+    advice = "copy every .distcp file of the checkpoint into the folder of its .metadata"
 
 
 class StorageOutsideFolder(DcpError):

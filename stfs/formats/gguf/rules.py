@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from ...errors import RuleError, ShardError
+from ...errors import CUT_SHORT, RuleError, ShardError
 
 
 class GgufError(RuleError):
     """A GGUF file breaks a rule of llama.cpp's reader (README.md, "GGUF"); ``rule`` names it in a few words."""
 
     rule_text = "invalid GGUF file"
-    format_name = "GGUF"
+    format_name = "GGUF file"
+    advice = "llama.cpp refuses it too: download it again, or convert the model again (convert_hf_to_gguf.py)"
 
 
 class GgufTruncated(GgufError):
     """The file ends inside a fixed-size field of the header (llama.cpp: reading past the end fails)."""
 
     rule_text = "header inside the file"
+    advice = CUT_SHORT
 
 
 class InvalidMagic(GgufError):
@@ -28,6 +30,7 @@ class UnsupportedVersion(GgufError):
     """The version is 0 or above 3."""
 
     rule_text = "version 2 or 3"
+    advice = "llama.cpp reads versions 2 and 3 only: convert the model again with a current llama.cpp"
 
 
 class ObsoleteVersion(UnsupportedVersion):
@@ -102,6 +105,7 @@ class UnknownGgmlType(GgufError):
     """A tensor type that gguf 0.19 does not know (out of range, or a removed type)."""
 
     rule_text = "GGML type"
+    advice = "its type is newer than the gguf package stfs reads with (pip install -U gguf), or not GGUF's at all"
 
 
 class RowNotBlockMultiple(GgufError):
@@ -120,6 +124,7 @@ class DataSectionOutOfFile(GgufError):
     """The data section's start, padded to the alignment, lies past the end of the file."""
 
     rule_text = "data section inside the file"
+    advice = CUT_SHORT
 
 
 class TensorOffsetMismatch(GgufError):
@@ -132,6 +137,7 @@ class TensorOutOfFile(GgufError):
     """A tensor's bytes run past the end of the file (llama.cpp's model loader check)."""
 
     rule_text = "tensor data inside the file"
+    advice = CUT_SHORT
 
 
 class SplitError(ShardError):

@@ -148,9 +148,7 @@ def read_checkpoint(
         if kind == "legacy":
             return read_legacy(read, many, size, path, head)
     if kind == "tar":
-        raise LegacyTarCheckpoint(
-            path, "the tar format of PyTorch 0.x, which stfs does not read: re-save it with a current torch"
-        )
+        raise LegacyTarCheckpoint(path, "the tar format of PyTorch 0.x, which stfs does not read")
     raise NotACheckpoint(path, "neither a torch.save zip archive nor a legacy torch.save file")
 
 

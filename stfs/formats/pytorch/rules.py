@@ -3,7 +3,7 @@ pickle reader."""
 
 from __future__ import annotations
 
-from ...errors import RuleError
+from ...errors import CUT_SHORT, RuleError
 
 
 class PytorchError(RuleError):
@@ -13,7 +13,8 @@ class PytorchError(RuleError):
     """
 
     rule_text = "invalid PyTorch checkpoint"
-    format_name = "PyTorch"
+    format_name = "PyTorch checkpoint"
+    advice = "torch.load cannot read it either: save the state_dict again with torch.save"
 
 
 class NotACheckpoint(PytorchError):
@@ -27,24 +28,28 @@ class LegacyTarCheckpoint(PytorchError):
     """The tar format of PyTorch 0.x, which current torch cannot load with ``weights_only`` either."""
 
     rule_text = "checkpoint format"
+    advice = "torch.load still reads it: re-save it with a current torch (torch.save(torch.load(old), new))"
 
 
 class TorchScriptArchive(PytorchError):
     """A ``torch.jit.save`` archive (``constants.pkl``, ``code/``): a program, not a checkpoint."""
 
     rule_text = "not TorchScript"
+    advice = "torch.jit.save wrote it: load it with torch.jit.load and torch.save its state_dict()"
 
 
 class BigEndianCheckpoint(PytorchError):
     """A checkpoint whose ``byteorder`` record (or legacy ``sys_info``) says big-endian."""
 
     rule_text = "little-endian data"
+    advice = "load it with torch.load and save it again on a little-endian machine"
 
 
 class CheckpointTruncated(PytorchError):
     """The file ends before something its own structure says is there."""
 
     rule_text = "bytes inside the file"
+    advice = CUT_SHORT
 
 
 class InvalidZipArchive(PytorchError):
@@ -63,6 +68,7 @@ class CompressedEntry(PytorchError):
     """An entry stfs must read or serve is compressed (or encrypted), not stored."""
 
     rule_text = "stored entries"
+    advice = "torch.save stores every entry as it is: load it with torch.load and save it again with torch.save"
 
 
 class InvalidPickle(PytorchError):
@@ -75,6 +81,7 @@ class PickleLimitExceeded(PytorchError):
     """A bound of the pickle reader is exceeded: opcodes, memo entries, nesting, a walk of the structure, a name."""
 
     rule_text = "pickle within bounds"
+    advice = "a checkpoint of tensors is far smaller: save its state_dict alone with torch.save"
 
 
 class PickleTooDeep(PickleLimitExceeded):
