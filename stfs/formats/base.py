@@ -184,6 +184,9 @@ class Format:
     title: str = ""  # as a message names it: "safetensors", "GGUF", "PyTorch checkpoint"
     head_size: int = 16  # the first bytes ``sniff`` looks at
     confirm_in_folder: bool = False  # a file a folder holds under one of its names is a model only if ``sniff`` says
+    # a file of it stands for the folder holding it: every model file at or below that folder is part of that one
+    # model (a DeepSpeed checkpoint's rank files and other steps), shown in files/ only
+    folder_model: bool = False
 
     def sniff(self, head: bytes) -> bool:
         """Whether a file whose first ``head_size`` bytes (fewer for a shorter file) are ``head`` is of this format."""
