@@ -181,18 +181,16 @@ def _trainable(run: Run, path: str, state: str | None) -> Iterator[Placed]:
     flats = _groups(run, state, path)
     if run.stage == 3:
         merged = {name: shape for shapes in groups for name, shape in shapes.items()}
-        totals = {sum(flat.numel for flat in rank) for rank in flats}
-        if len(totals) != 1:
-            raise RanksDisagree(
-                path, f"the ranks' flat partitions hold different numbers of elements: {sorted(totals)}"
-            )
         offset = 0
         for name, shape in merged.items():
             numel = math.prod(shape)
             yield Placed(name, "F32", shape, _zero3_segments(flats, offset, numel, 4, name, path))
             offset += math.ceil(numel / run.world_size)
-        if offset != totals.pop():
-            raise PartitionTooShort(path, f"the parameters take {offset} elements of each rank, not as many as held")
+        totals = sorted({sum(flat.numel for flat in rank) for rank in flats})
+        if totals != [offset]:  # zero_to_fp32's check: each rank holds its pieces of every parameter, no more
+            raise PartitionTooShort(
+                path, f"the parameters take {offset} elements of each rank; the ranks hold {totals}"
+            )
         return
     align = 2 * run.world_size
     for group, shapes in enumerate(groups):
