@@ -290,6 +290,9 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
                 continue
             headers[key] = header
         models.append(key)
+    # a file another model reads (a torch_dist folder's common.pt) is that model's, not one of its own
+    owned = {join_key(parent_key(key), file) for key, header in headers.items() for file in header.other_files}
+    models = [key for key in models if key not in owned or key in headers and headers[key].other_files]
     if not models:
         files_text, indexes_text = " or ".join(MODEL_SUFFIXES), " or ".join(INDEX_SUFFIXES)
         raise errors.SourceError(f"{root}: no {files_text} file or {indexes_text} found")
@@ -313,10 +316,14 @@ def _folder_models(source: ByteSource, files: list[str]) -> tuple[dict[str, Head
     for key, claimed in sorted(claims, key=lambda claim: (claim[0].count("/"), claim[0])):
         if claimed is None or not claimed.folder_model or any(_below(key, folder) for folder in whole):
             continue
-        header = _confirmed_header(source, key, claimed)
-        if header is not None:
-            headers[key] = header
-            whole.append(parent_key(key))
+        try:  # read by its name (no sniff: a model state cut short is a broken checkpoint, not another file)
+            header = read_header(key, source)
+        except errors.FormatError as exc:
+            if exc.refutes_format:  # a latest that names no tag of it
+                continue
+            raise
+        headers[key] = header
+        whole.append(parent_key(key))
     return headers, whole
 
 

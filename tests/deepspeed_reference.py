@@ -3,7 +3,8 @@ installed, in a process of its own):
 
 * ``python deepspeed_reference.py fp32 RUN OUT [RUN OUT ...]`` writes ``OUT/fp32.pt``, the state dict of
   ``zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(RUN)`` (each tensor made contiguous), and
-  ``OUT/version``, DeepSpeed's version;
+  ``OUT/version``, DeepSpeed's version, and ``OUT/universal/``, what ``ds_to_universal`` makes of its
+  ``global_step2`` (``zero/NAME/exp_avg.pt``, ...);
 * ``python deepspeed_reference.py shorten FILE`` rewrites a rank's optimizer state with its first flat partition
   50 elements short; ``... stage FILE N`` with its ZeRO stage N (DeepSpeed's own enum, as DeepSpeed pickles it).
 """
@@ -11,6 +12,7 @@ installed, in a process of its own):
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -28,6 +30,20 @@ def fp32(pairs: list[str]) -> None:
         torch.save({name: tensor.contiguous() for name, tensor in state.items()}, os.path.join(out, "fp32.pt"))
         with open(os.path.join(out, "version"), "w") as stream:
             stream.write(deepspeed.__version__)
+        universal = [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            os.path.join(run, "global_step2"),
+            "--output_folder",
+            os.path.join(out, "universal"),
+            "--num_extract_workers",
+            "1",
+            "--num_merge_workers",
+            "1",
+        ]
+        subprocess.run(universal, check=True, stdout=subprocess.DEVNULL)
 
 
 def mutate(what: str, file: str, value: str | None) -> None:

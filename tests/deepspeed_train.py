@@ -59,7 +59,9 @@ def main(stage: int, dtype: str, out: str) -> None:
         loss = engine(torch.randint(0, 37, (2, 5)))
         engine.backward(loss)
         engine.step()
-        engine.save_checkpoint(out)  # global_step1/, global_step2/, latest
+        # global_step1/, global_step2/, latest; universal_checkpoint_info (as Megatron-DeepSpeed saves it) is what
+        # ds_to_universal asks of a checkpoint it converts
+        engine.save_checkpoint(out, client_state={"universal_checkpoint_info": {}})
 
 
 if __name__ == "__main__":

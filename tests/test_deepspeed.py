@@ -3,9 +3,10 @@ on CPU over gloo (tests/deepspeed_train.py, one process per rank with torch.dist
 on 2 ranks, ZeRO-2 fp32 on 3, ZeRO-1 bf16 on 3 (DeepSpeed's BF16 optimizer), each saving global_step1/ and
 global_step2/; the model has odd sizes, a frozen layer, a float and an int64 buffer and a tied head. Every tensor is
 read through a real mount and compared byte for byte with what DeepSpeed's own ``get_fp32_state_dict_from_zero_
-checkpoint`` gives (tests/deepspeed_reference.py, in a process of its own); metadata/, --view safetensors (loaded
-by safetensors' load_file), info, check, check --values, diff of the two steps; each refusal one line naming its
-rule, the broken checkpoint made by copying DeepSpeed's files or re-saving them with DeepSpeed's own classes."""
+checkpoint`` gives, and the Adam moments in optimizer/ with what its ``ds_to_universal`` writes
+(tests/deepspeed_reference.py, in a process of its own); metadata/, --view safetensors (loaded by safetensors'
+load_file), info, check, check --values, diff of the two steps; each refusal one line naming its rule, the broken
+checkpoint made by copying DeepSpeed's files or re-saving them with DeepSpeed's own classes."""
 
 from __future__ import annotations
 
@@ -121,6 +122,28 @@ def test_every_tensor_is_zero_to_fp32s_bytes(zero_run: Path, mount: MountFn) -> 
     assert Path(tensor_path(mnt, "head.weight")).read_bytes() == Path(tensor_path(mnt, "embed.weight")).read_bytes()
     assert joined, "some parameter lies across two ranks' partitions and is gathered"
     assert expected["position_ids"].dtype == torch.int64 and expected["mid.weight"].dtype == torch.float32
+
+
+def test_optimizer_states_are_ds_to_universals(zero_run: Path, mount: MountFn) -> None:
+    """optimizer/STATE/NAME: each trained parameter's Adam moments, the bytes ds_to_universal writes to
+    zero/NAME/STATE.pt, shaped as the parameter."""
+    universal = zero_run.with_name(zero_run.name + ".ref") / "universal" / "zero"
+    mnt = mount(str(zero_run))
+    expected = reference(zero_run)
+    for state in ("exp_avg", "exp_avg_sq"):
+        saved = sorted(path.parent.name for path in universal.glob(f"*/{state}.pt"))
+        served = sorted(
+            str(path.relative_to(Path(mnt, "optimizer", state))).replace("/", ".")
+            for path in Path(mnt, "optimizer", state).rglob("*")
+            if path.is_file()
+        )
+        assert saved and served == saved
+        for name in saved:
+            tensor = torch.load(universal / name / f"{state}.pt")
+            tensor = tensor["param"] if isinstance(tensor, dict) else tensor  # ZeRO-1/2: {"param": ..., "cat_dim": 0}
+            path = os.path.join(mnt, "optimizer", state, *name.split("."))
+            assert Path(path).read_bytes() == raw(tensor), (state, name)
+            assert json.loads(os.getxattr(path, "user.deepspeed.shape")) == list(expected[name].shape)
 
 
 def test_the_tag_folder_and_a_rank_file_are_the_same_model(zero_run: Path) -> None:

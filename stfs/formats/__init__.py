@@ -105,7 +105,7 @@ def read_with(
     ``Header.format`` and each tensor's xattr namespace are ``known.name``, whatever the format's own code says."""
     header = known.read_header(fetch, path=path, file_size=file_size, mtime_ns=mtime_ns, first_read=first_read)
     object.__setattr__(header, "format", known.name)  # a Header is frozen for everyone but the seam that made it
-    for entry in header.tensors:
+    for entry in (*header.tensors, *(entry for entries in header.folders.values() for entry in entries)):
         _SET_NAMESPACE(entry, known.name)
     return header
 

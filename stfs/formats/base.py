@@ -152,6 +152,9 @@ class Header:
     # relative to that folder: each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows
     # them all.
     other_files: tuple[str, ...] = ()
+    # Tensors that are not the model's weights, by the folder of the model's tree they are files of (a training
+    # checkpoint's optimizer states: ``optimizer/exp_avg``): ``tensors/``'s kind of files, in no header.json or view.
+    folders: Mapping[str, tuple[TensorEntry, ...]] = field(default_factory=dict)
     format: str = field(default="", init=False)  # the name of the ``Format`` that read it
     scattered: bool = field(default=False, init=False)  # some tensor's bytes are not one range of the file
 

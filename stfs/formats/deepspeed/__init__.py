@@ -9,9 +9,11 @@ run; only the pickles and the storages' places are read, never a partition's byt
 ``get_fp32_state_dict_from_zero_checkpoint`` is placed in them (``consolidate``) and served as one range of a rank
 file where it is one, else gathered from its runs (``Joined``), read by ranges and never assembled in memory.
 
-Choices where SPEC §16 is silent: buffers keep their own dtype (``zero_to_fp32`` makes them float32: an int64
-``position_ids`` stays int64 here); a tensor's name is the model's (no ``module.`` prefix); ``metadata/`` adds
-``tag``.
+Choices where SPEC §16 is silent: a buffer is served in the dtype it was saved in, as §16 says (DeepSpeed 0.19's
+``zero_to_fp32`` makes a float16 or bfloat16 buffer float32; integer and float32 ones it keeps, as here); the
+per-element optimizer states (Adam's ``exp_avg``, ``exp_avg_sq``) are ``optimizer/STATE/NAME``, placed as the
+weights are (``ds_to_universal``'s ``zero/NAME/STATE.pt``), outside ``header.json`` and the views; a tensor's name
+is the model's (no ``module.`` prefix); ``metadata/`` adds ``tag``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .. import zip
 from ..base import Folder, Format, Header, RangeFetcher, Read, Rows, TensorEntry, header_json, read_exact
 from ..pytorch import WEIGHTS_ONLY_GLOBALS
 from ..pytorch.values import Global, Object
-from .consolidate import Placed, Segment, weights
+from .consolidate import Placed, Segment, optimizer_states, weights
 from .ranks import MAX_LATEST, TAG, Run, member, read_run, tag_of
 from .rules import NotZeroCheckpoint
 
@@ -124,6 +126,9 @@ def fetch_header(
             raise NotZeroCheckpoint(path, f"it names the tag {tag!r}, and no DeepSpeed checkpoint is in {tag}/")
         run = read_run(folder, f"{tag}/", None, path)
     entries = [_entry(placed, folder, path) for placed in weights(run, path)]
+    states: dict[str, list[DeepSpeedEntry]] = {}
+    for state, placed in optimizer_states(run, path):
+        states.setdefault(f"optimizer/{state}", []).append(_entry(placed, folder, path))
     problems = _unsafe(run, path)
     metadata = _metadata(run)
     made = header_json(entries, metadata)
@@ -140,6 +145,7 @@ def fetch_header(
         warnings=problems,
         check_problems=problems,
         other_files=tuple(run.files),
+        folders={name: tuple(found) for name, found in states.items()},
     )
 
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ... import errors
 from ..base import Folder
 from ..pytorch import Checkpoint, read_checkpoint
 from ..pytorch.values import Global, Object
@@ -118,7 +119,12 @@ def _read(folder: Folder, name: str, path: str) -> Checkpoint:
     if size is None:
         raise MissingRankFile(path, f"{name} is missing: a ZeRO checkpoint has one per rank")
     fetch = folder.fetcher(name)
-    return read_checkpoint(fetch, size, path=f"{path} ({name})", read_many=getattr(fetch, "many", None))
+    try:
+        return read_checkpoint(fetch, size, path=f"{path} ({name})", read_many=getattr(fetch, "many", None))
+    except errors.FormatError as exc:
+        if not exc.refutes_format:
+            raise
+        raise InvalidRankState(path, f"{name}: {exc.detail}") from None  # a rank file that is no checkpoint is broken
 
 
 def _zero(optim: Checkpoint, path: str) -> tuple[int, int]:
