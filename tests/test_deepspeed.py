@@ -250,3 +250,30 @@ def test_a_broken_checkpoint_is_refused_in_one_line(
     assert rule in lines[0] and str(folder) in lines[0] and "Traceback" not in result.stderr
     if case == "tensor parallel":
         assert "merge" in lines[0]
+
+
+def test_from_pretrained_loads_a_run_through_the_safetensors_view(tmp_path: Path, mount: MountFn) -> None:
+    """A tiny GPT-2's weights saved by DeepSpeed (tests/deepspeed_write.py, one rank, ZeRO-2) beside its config.json,
+    as the Hugging Face Trainer leaves a checkpoint: transformers' from_pretrained loads the mount's
+    safetensors/ with no conversion, and every weight is the one saved."""
+    import numpy as np
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=31, n_positions=16, n_embd=12, n_layer=1, n_head=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    arrays = {name: tensor.detach().numpy().copy() for name, tensor in model.state_dict().items()}
+    np.savez(tmp_path / "arrays.npz", **arrays)
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    env["MASTER_PORT"] = str(_free_port())
+    run = tmp_path / "run"
+    script = [sys.executable, str(HERE / "deepspeed_write.py"), str(tmp_path / "arrays.npz"), str(run)]
+    done = subprocess.run(script, env=env, capture_output=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config.save_pretrained(run / "contract")
+    mnt = mount(str(run / "contract"), options=["view=safetensors"])
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(os.path.join(mnt, "safetensors"), use_safetensors=True)
+    for name, tensor in loaded.state_dict().items():
+        assert np.array_equal(tensor.detach().numpy(), arrays[name]), name

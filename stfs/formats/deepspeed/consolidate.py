@@ -116,13 +116,14 @@ def _shapes(value: Any, what: str, path: str) -> dict[str, tuple[int, ...]]:
 def _frozen(run: Run, path: str) -> Iterator[Placed]:
     top = run.model.top_object
     shapes = _shapes(member(top, "frozen_param_shapes"), "frozen_param_shapes", path)
+    ranks = run.ranks if run.stage == 3 else run.ranks[:1]
+    held = [_tensors(rank.model) if rank.model is not None else {} for rank in ranks]
     for name, shape in shapes.items():
         numel = math.prod(shape)
         pieces = []
-        ranks = run.ranks if run.stage == 3 else run.ranks[:1]
-        for rank in ranks:
-            assert rank.model is not None and rank.model_file is not None
-            tensor = _tensors(rank.model).get(f"frozen_param_fragments.{name}")
+        for rank, tensors in zip(ranks, held, strict=True):
+            assert rank.model_file is not None
+            tensor = tensors.get(f"frozen_param_fragments.{name}")
             if tensor is None:
                 raise InvalidRankState(path, f"{rank.model_file} has no frozen_param_fragments entry for it", name)
             pieces.append((rank.model_file, tensor))
