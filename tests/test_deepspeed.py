@@ -185,6 +185,17 @@ def test_the_safetensors_view_loads_as_the_trained_model(zero_runs: dict[str, Pa
         assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
 
 
+def test_a_remote_run_mounts_by_the_url_of_its_latest(zero_runs: dict[str, Path], nginx: Any, mount: MountFn) -> None:
+    """Over HTTP (nginx on 127.0.0.1, which cannot list a folder) the rank files are found by their names."""
+    run = zero_runs["zero3-bf16-2"]
+    for path in run.rglob("*"):
+        if path.is_file():
+            nginx.put(f"run/{path.relative_to(run)}", path.read_bytes())
+    mnt = mount(f"{nginx.url}/run/latest")
+    for name, tensor in reference(run).items():
+        assert Path(tensor_path(mnt, name)).read_bytes() == raw(tensor), name
+
+
 def test_info_check_and_values_pass_without_warnings(zero_run: Path) -> None:
     info = stfs_command("info", str(zero_run))
     assert info.returncode == 0 and "global" not in info.stderr, info.stderr

@@ -125,10 +125,11 @@ def fetch_header(
         if not _has_tag(folder, tag):
             raise NotZeroCheckpoint(path, f"it names the tag {tag!r}, and no DeepSpeed checkpoint is in {tag}/")
         run = read_run(folder, f"{tag}/", None, path)
-    entries = [_entry(placed, folder, path) for placed in weights(run, path)]
+    sizes = {file: folder.size(file) for file in run.files}
+    entries = [_entry(placed, sizes, path) for placed in weights(run, path)]
     states: dict[str, list[DeepSpeedEntry]] = {}
     for state, placed in optimizer_states(run, path):
-        states.setdefault(f"optimizer/{state}", []).append(_entry(placed, folder, path))
+        states.setdefault(f"optimizer/{state}", []).append(_entry(placed, sizes, path))
     problems = _unsafe(run, path)
     metadata = _metadata(run)
     made = header_json(entries, metadata)
@@ -154,10 +155,11 @@ def _has_tag(folder: Folder, tag: str) -> bool:
     return any(folder.size(f"{tag}/{name}") is not None for name in names)
 
 
-def _entry(placed: Placed, folder: Folder, path: str) -> DeepSpeedEntry:
-    """A consolidated tensor as an entry: one range where it is one run, else joined; each run inside its file."""
+def _entry(placed: Placed, sizes: dict[str, int | None], path: str) -> DeepSpeedEntry:
+    """A consolidated tensor as an entry: one range where it is one run, else joined; each run inside its file
+    (``sizes``: the rank files')."""
     for file, offset, size in placed.segments:
-        held = folder.size(file)
+        held = sizes.get(file)
         if held is None or offset + size > held:
             raise errors.DataFileTooShort(
                 path, f"its bytes are [{offset}, {offset + size}) of {file!r}, which is {held} bytes", placed.name

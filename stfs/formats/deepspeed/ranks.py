@@ -80,7 +80,9 @@ def read_run(folder: Folder, prefix: str, own: str | None, path: str) -> Run:
         if folder.size(prefix + "mp_rank_00_model_states.pt") is None and own is None:
             raise NotZeroCheckpoint(path, f"its tag folder {prefix!r} holds no DeepSpeed model or optimizer state")
         raise MissingRankFile(
-            path, f"no {prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt: a ZeRO checkpoint has one per rank"
+            path,
+            f"no {prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt: a ZeRO checkpoint has one per rank (one saved "
+            "without ZeRO or without its optimizer holds no float32 weights to consolidate)",
         )
     first = _read(folder, f"{prefix}{kind}zero_pp_rank_0_mp_rank_00_optim_states.pt", path)
     stage, world_size = _zero(first, path)
