@@ -275,18 +275,24 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     for index in indexes:
         weight_map = _read_weight_map(index, _read_index(source, index)[0])
         shard_keys.update(join_key(parent_key(index), shard) for shard in set(weight_map.values()))
-    headers: dict[str, Header] = {}
+    headers, whole = _folder_models(source, files)
     models = []
     for key in sorted(indexes + files):
-        if key in shard_keys:
+        if key in shard_keys or (key not in headers and any(_below(key, folder) for folder in whole)):
             continue
         claimed = formats.claiming(base_name(key))
-        if claimed is not None and claimed.confirm_in_folder:
+        if claimed is not None and claimed.folder_model:
+            if key not in headers:
+                continue
+        elif claimed is not None and claimed.confirm_in_folder:
             header = _confirmed_header(source, key, claimed)
             if header is None:
                 continue
             headers[key] = header
         models.append(key)
+    # a file another model reads (a torch_dist folder's common.pt) is that model's, not one of its own
+    owned = {join_key(parent_key(key), file) for key, header in headers.items() for file in header.other_files}
+    models = [key for key in models if key not in owned or key in headers and headers[key].other_files]
     if not models:
         files_text, indexes_text = " or ".join(MODEL_SUFFIXES), " or ".join(INDEX_SUFFIXES)
         raise errors.SourceError(f"{root}: no {files_text} file or {indexes_text} found")
@@ -299,6 +305,30 @@ def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
             raise errors.SourceError(f"{model.path}: model name {model.name!r} is also taken by {seen[model.name]}")
         seen[model.name] = model.path
     return result
+
+
+def _folder_models(source: ByteSource, files: list[str]) -> tuple[dict[str, Header], list[str]]:
+    """The files that stand for their folder (``Format.folder_model``: a DeepSpeed checkpoint's ``latest`` or model
+    state), confirmed, shallowest first: their headers, and the folders whose model files are theirs."""
+    headers: dict[str, Header] = {}
+    whole: list[str] = []
+    claims = [(key, formats.claiming(base_name(key))) for key in files]
+    for key, claimed in sorted(claims, key=lambda claim: (claim[0].count("/"), claim[0])):
+        if claimed is None or not claimed.folder_model or any(_below(key, folder) for folder in whole):
+            continue
+        try:  # read by its name (no sniff: a model state cut short is a broken checkpoint, not another file)
+            header = read_header(key, source)
+        except errors.FormatError as exc:
+            if exc.refutes_format:  # a latest that names no tag of it
+                continue
+            raise
+        headers[key] = header
+        whole.append(parent_key(key))
+    return headers, whole
+
+
+def _below(key: str, folder: str) -> bool:
+    return key.startswith(folder.rstrip("/") + "/")
 
 
 def _confirmed_header(source: ByteSource, key: str, claimed: Format) -> Header | None:
@@ -336,6 +366,9 @@ def _model_name(relative: str) -> str:
     split = split_names(base_name(relative))
     if split is not None:  # x-00001-of-00003.gguf: the set x
         return relative[: len(relative) - len(base_name(relative))] + split[0]
+    claimed = formats.claiming(base_name(relative))
+    if claimed is not None and claimed.folder_model:  # it stands for its folder: the model is named so
+        return posixpath.dirname(relative) or relative
     for suffix in (*INDEX_SUFFIXES, *MODEL_SUFFIXES):
         if relative.endswith(suffix):  # a file named as its format names one (a DCP's .metadata): its folder
             return relative[: -len(suffix)].rstrip("/") or relative

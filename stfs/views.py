@@ -112,6 +112,14 @@ def tensor_files(tree: Tree, model: Model, base: list[str], layout: str) -> None
             for inode, entry in zip(inodes, header.tensors, strict=True)
         ]
     tree.add_named_files(tree.folder([*base, "tensors"], model.mtime_ns), layout, files)
+    for shard in model.shards:  # tensors that are not weights (optimizer states), in folders of their own
+        header = shard.header
+        for name, entries in header.folders.items():
+            nodes = [
+                FileNode(inode, header.mtime_ns, (_source(*place(header, entry), entry),), entry, None, entry.size)
+                for inode, entry in zip(tree.take_inodes(len(entries)), entries, strict=True)
+            ]
+            tree.add_named_files(tree.folder([*base, *name.split("/")], model.mtime_ns), layout, nodes)
 
 
 def npy_files(tree: Tree, model: Model, base: list[str], layout: str) -> None:

@@ -109,6 +109,41 @@ def write_flax(stem: Path, arrays: Arrays) -> Path:
     path = stem.with_suffix(".msgpack")
     path.write_bytes(to_bytes(tree))
     return path
+_DEEPSPEED_WRITTEN: dict[str, Path] = {}
+
+
+def write_deepspeed(stem: Path, arrays: Arrays) -> Path:
+    """A ZeRO-2 tag folder as DeepSpeed's ``engine.save_checkpoint`` writes it from one rank (tests/deepspeed_write.py,
+    a process of its own): float32 arrays as trained parameters, the others as buffers. A DeepSpeed process takes
+    seconds: each set of arrays is written once a session, copied for each further use."""
+    import hashlib
+    import importlib.util
+    import shutil
+    import socket
+    import sys
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)")
+    digest = hashlib.sha256()
+    for name, array in arrays.items():
+        digest.update(f"{name}{array.dtype.str}{array.shape}".encode() + array.tobytes(order="A"))
+    key = digest.hexdigest()
+    if key not in _DEEPSPEED_WRITTEN:
+        run = stem.with_name(stem.name + ".run")
+        run.mkdir()
+        np.savez(run / "arrays.npz", **arrays)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        script = Path(__file__).with_name("deepspeed_write.py")
+        done = subprocess.run(
+            [sys.executable, str(script), str(run / "arrays.npz"), str(run)], env=env, capture_output=True, timeout=240
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        _DEEPSPEED_WRITTEN[key] = run / "contract"
+    shutil.copytree(_DEEPSPEED_WRITTEN[key], stem)
+    return stem
 
 
 WRITERS: dict[str, Writer] = {
@@ -119,6 +154,7 @@ WRITERS: dict[str, Writer] = {
     "dcp": write_dcp,
     "npz": write_npz,
     "flax": write_flax,
+    "deepspeed": write_deepspeed,
 }
 
 

@@ -58,6 +58,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("dcp", (".metadata",), ()),  # a folder's .metadata: a torch.distributed.checkpoint, its .distcp files beside it
     ("npz", (".npz", ".npy"), ()),
     ("flax", (".msgpack",), (".msgpack.index.json",)),
+    ("deepspeed", ("_model_states.pt", "latest"), ()),  # a ZeRO run's tag folder, or the folder whose latest names it
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)
@@ -73,11 +74,12 @@ def named(name: str) -> Format:
 
 
 def claiming(file_name: str) -> Format | None:
-    """The format whose files are named like ``file_name`` (``x.gguf``); ``None`` where no format claims it."""
-    for module, suffixes, _ in REGISTRY:
-        if file_name.endswith(suffixes):
-            return named(module)
-    return None
+    """The format whose files are named like ``file_name`` (``x.gguf``); ``None`` where no format claims it. Of two
+    that claim it, the one whose suffix is longer (``mp_rank_00_model_states.pt``: DeepSpeed's, not any ``.pt``)."""
+    found = [
+        (len(suffix), module) for module, suffixes, _ in REGISTRY for suffix in suffixes if file_name.endswith(suffix)
+    ]
+    return named(max(found, key=lambda claim: claim[0])[1]) if found else None
 
 
 def indexing(file_name: str) -> Format | None:
@@ -117,7 +119,7 @@ def read_with(
     folder = getattr(fetch, "folder", None)
     check_header(known, _registered(known, path), header, folder.size if folder is not None else lambda file: None)
     object.__setattr__(header, "format", known.name)  # a Header is frozen for everyone but the seam that made it
-    for entry in header.tensors:
+    for entry in (*header.tensors, *(entry for entries in header.folders.values() for entry in entries)):
         _SET_NAMESPACE(entry, known.name)
     return header
 

@@ -152,6 +152,9 @@ class Header:
     # relative to that folder: each tensor whose bytes are in one says which (``TensorEntry.file``); ``files/`` shows
     # them all.
     other_files: tuple[str, ...] = ()
+    # Tensors that are not the model's weights, by the folder of the model's tree they are files of (a training
+    # checkpoint's optimizer states: ``optimizer/exp_avg``): ``tensors/``'s kind of files, in no header.json or view.
+    folders: Mapping[str, tuple[TensorEntry, ...]] = field(default_factory=dict)
     format: str = field(default="", init=False)  # the name of the ``Format`` that read it
     scattered: bool = field(default=False, init=False)  # some tensor's bytes are not one range of the file
 
@@ -184,6 +187,9 @@ class Format:
     title: str = ""  # as a message names it: "safetensors", "GGUF", "PyTorch checkpoint"
     head_size: int = 16  # the first bytes ``sniff`` looks at
     confirm_in_folder: bool = False  # a file a folder holds under one of its names is a model only if ``sniff`` says
+    # a file of it stands for the folder holding it: every model file at or below that folder is part of that one
+    # model (a DeepSpeed checkpoint's rank files and other steps), shown in files/ only
+    folder_model: bool = False
 
     def sniff(self, head: bytes) -> bool:
         """Whether a file whose first ``head_size`` bytes (fewer for a shorter file) are ``head`` is of this format."""

@@ -10,6 +10,9 @@ that box in a ``.distcp`` file: ``storage_data``) read as PyTorch checkpoints th
 stored contiguously is one range of its file. Each ``BytesStorageMetadata`` (a step counter, a scheduler's state) is
 a file of ``metadata/``, its value where it is a number or a string.
 
+A Megatron-Core / NeMo ``torch_dist`` folder (``common.pt`` and ``metadata.json`` beside ``.metadata``) is one model:
+``common.pt``'s tensors under ``common/``, ``metadata.json``'s keys in ``metadata/`` (``megatron``).
+
 Refused in one line naming the ``.metadata``, the tensor and the rule (``DcpError``): a member that is not
 what torch's DCP writes there; storage through transforms (``transform_descriptors``: compressed); a chunk outside
 its tensor, chunks that overlap or leave a hole, a chunk with no storage, a storage outside the folder, a chunk that
@@ -30,6 +33,7 @@ from ... import errors
 from ..base import Folder, Format, Header, RangeFetcher, TensorEntry, encodable, header_json
 from ..pytorch.allowed import TORCH_DTYPES
 from .assemble import Assembled, covers, piece
+from .megatron import METADATA_JSON, read_common
 from .metadata import Metadata, TensorMeta, read_metadata
 from .rules import ChunksLeaveHole, MissingChunkStorage, OverlappingChunks, TransformedStorage
 from .stored import BYTES_VALUE_LIMIT, BytesValue, ChunkTensor, Job, archives, bytes_value, chunk_tensor
@@ -112,6 +116,16 @@ def fetch_header(
         for name in value.unsafe_globals
     ]
     shown = _metadata(metadata, values, path, warnings)
+    common = read_common(folder, path)  # Megatron-Core / NeMo torch_dist: common.pt and metadata.json beside
+    if common is not None:
+        warnings += [
+            f"{path}: {METADATA_JSON} key {key!r} is left out of metadata/: taken"
+            for key in common.metadata
+            if key in shown
+        ]
+        shown |= {key: value for key, value in common.metadata.items() if key not in shown}
+        warnings += common.warnings
+        problems += common.problems
     made = header_json(entries, shown)
     return Header(
         path=path,
@@ -125,7 +139,8 @@ def fetch_header(
         parsed=metadata,
         warnings=tuple(warnings + problems),
         check_problems=tuple(problems),
-        other_files=tuple(by_file),
+        other_files=tuple(by_file) + (common.files if common is not None else ()),
+        folders={"common": common.tensors} if common is not None and common.tensors else {},
     )
 
 

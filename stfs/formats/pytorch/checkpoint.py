@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .allowed import TORCH_DTYPES, WEIGHTS_ONLY_GLOBALS
@@ -94,6 +94,8 @@ class Checkpoint:
     protocol: int  # the pickle's protocol (PROTO), 0 when it has none
     pickle_range: tuple[int, int]  # (absolute offset, size) of the pickle of the object
     archive_name: str | None  # the zip's top folder
+    # the pickle's object as plain values (``values``), for a format that reads more than tensors from it (DeepSpeed)
+    top_object: Any = field(default=None, compare=False, repr=False)
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -179,6 +181,7 @@ def make_checkpoint(
     storages: Mapping[str, StorageBytes],
     pickle_range: tuple[int, int],
     archive_name: str | None,
+    top_object: Any = None,
 ) -> Checkpoint:
     tensors, left_out = checkpoint_tensors(leaves, storages, path)
     names = tuple(interpreter.globals)
@@ -194,6 +197,7 @@ def make_checkpoint(
         protocol=interpreter.protocol,
         pickle_range=pickle_range,
         archive_name=archive_name,
+        top_object=top_object,
     )
 
 

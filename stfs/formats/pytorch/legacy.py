@@ -77,4 +77,5 @@ def read_legacy(read: Read, many: ReadMany, size: int, path: str, head: bytes) -
         storages=storages,
         pickle_range=(pickle_start, pickle_size),
         archive_name=None,
+        top_object=top_object,
     )

@@ -143,4 +143,5 @@ def read_zip(read: Read, many: ReadMany, size: int, path: str) -> Checkpoint:
         storages=storages,
         pickle_range=unpickled.pickle_range,
         archive_name=top,
+        top_object=unpickled.top_object,
     )
