@@ -12,7 +12,8 @@ class DeepSpeedError(RuleError):
     """
 
     rule_text = "invalid checkpoint"
-    format_name = "DeepSpeed ZeRO"
+    format_name = "DeepSpeed ZeRO checkpoint"
+    advice = "load it with DeepSpeed to see what it says, or save it again with engine.save_checkpoint"
 
 
 class NotZeroCheckpoint(DeepSpeedError):
@@ -20,6 +21,7 @@ class NotZeroCheckpoint(DeepSpeedError):
     without ``param_shapes``): not a DeepSpeed checkpoint at all."""
 
     rule_text = "checkpoint"
+    advice = "mount a tag folder engine.save_checkpoint wrote (global_stepN/), or the folder whose latest names one"
     refutes_format = True  # a folder's other file named so is left in files/, not a model
 
 
@@ -27,6 +29,7 @@ class MissingRankFile(DeepSpeedError):
     """A rank's model or optimizer state file is not in the tag folder."""
 
     rule_text = "a file for every rank"
+    advice = "copy every rank's *_model_states.pt and *_optim_states.pt of the tag folder beside each other"
 
 
 class RanksDisagree(DeepSpeedError):
@@ -34,12 +37,14 @@ class RanksDisagree(DeepSpeedError):
     more rank files than the world size."""
 
     rule_text = "ranks that agree"
+    advice = "mount one run's tag folder alone: every rank file of one save_checkpoint, no other run's"
 
 
 class PartitionTooShort(DeepSpeedError):
     """A rank's flat partitions end before the parameters they must hold (or hold more than padding explains)."""
 
     rule_text = "partitions that hold their parameters"
+    advice = "copy the rank files again whole: each rank's flat partitions were cut or mixed with another run's"
 
 
 class InvalidRankState(DeepSpeedError):
@@ -54,3 +59,4 @@ class ModelParallelCheckpoint(DeepSpeedError):
     the files do not describe alone."""
 
     rule_text = "data-parallel checkpoint"
+    advice = "merge the model-parallel ranks first (Megatron's or DeepSpeed's own tools), then mount the merged run"
