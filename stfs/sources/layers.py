@@ -1,0 +1,129 @@
+"""The members of an artifact's tar layers, wherever their bytes are: an uncompressed tar's headers read by Range
+(``tar_index``), a gzip'd tar's after its one pass (``gzip_layer``); and the files an artifact's layers make, a
+container image's applied in order (``image``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .. import errors
+from ..progress import ByteProgress, shown
+from .base import join_key
+from .gzip_layer import GzipLayer
+from .image import ImageError, image_files
+from .mapped import Piece
+from .oci_artifact import Artifact, Layer, member_path
+from .tar_index import MAX_MEMBERS, Entry, TarIndexError, _RangeFile, entries
+
+log = logging.getLogger(__name__)
+
+GUNZIP = "#gunzip"  # a piece's key below: the decompressed stream of the blob whose key it ends
+
+
+class Unpacker:
+    """Reads the layers of the artifacts of one source: ``read(blob key, offset, count)``, ``blob_key(digest)``;
+    gzip indexes kept below ``cache_folder`` when there is one. ``decoded`` holds the gzip layers read (by the key
+    their members' pieces name), ``warnings`` what was left out."""
+
+    def __init__(
+        self, read: Callable[[str, int, int], bytes], blob_key: Callable[[str], str], cache_folder: str | None
+    ) -> None:
+        self.read = read
+        self.blob_key = blob_key
+        self.cache_folder = cache_folder
+        self.decoded: dict[str, GzipLayer] = {}
+        self.warnings: list[str] = []
+
+    def entries(self, layer: Layer, where: str) -> tuple[list[Entry], str]:
+        """The members of the tar ``layer`` is, and the key their file pieces name."""
+        key = self.blob_key(layer.digest)
+        try:
+            if layer.compression == "gzip":
+                return self._gunzipped(layer, key), key + GUNZIP
+            import io
+
+            stream = io.BufferedReader(_RangeFile(lambda lo, n: self.read(key, lo, n), layer.size))
+            return list(entries(stream, layer.size, MAX_MEMBERS)), key
+        except TarIndexError as exc:
+            raise errors.SourceError(f"{where}: layer {layer.digest} is not a tar stfs can read ({exc})") from None
+        except OSError as exc:
+            raise errors.SourceError(f"{where}: layer {layer.digest}: cannot read: {exc.strerror or exc}") from None
+
+    def _gunzipped(self, layer: Layer, key: str) -> list[Entry]:
+        virtual = key + GUNZIP
+        bar = ByteProgress(layer.size, f"indexing gzip layer {layer.digest[7:19]}", shown())
+        gzipped = GzipLayer(self.read, key, layer.size, layer.digest, self.cache_folder, bar.update)
+        try:
+            found = gzipped.scan()
+        finally:
+            bar.close()
+        self.warnings += gzipped.warnings
+        for warning in gzipped.warnings:
+            log.warning("%s", warning)
+        self.decoded[virtual] = gzipped
+        return found
+
+    def close(self) -> None:
+        for layer in self.decoded.values():
+            layer.close()
+
+    def files(self, artifact: Artifact, root: str, where: str) -> dict[str, Piece]:
+        """The files of ``artifact`` as keys below ``root``: each layer a file, an unpacked tar's members each one,
+        an image's layers one tree; a ``SourceError`` where two take one path."""
+        files: dict[str, Piece] = {}
+        origin: dict[str, str] = {}
+        image = [layer for layer in artifact.layers if layer.image]
+        if image:
+            try:
+                tree = image_files(
+                    ((layer.digest, *self._piece_maker(layer, where)) for layer in image), self._warn(where)
+                )
+            except ImageError as exc:
+                raise errors.SourceError(f"{where}: the image is not one stfs can show ({exc})") from None
+            for path, piece in tree.items():
+                origin[path] = "the image"
+                files[join_key(root, path)] = piece
+        for layer in artifact.layers:
+            if layer.image:
+                continue
+            key = self.blob_key(layer.digest)
+            if not layer.unpack:
+                placed = [(layer.name, Piece(key, 0, layer.size, whole=True, sha256=layer.digest.partition(":")[2]))]
+            else:
+                found, below = self.entries(layer, where)
+                placed = []
+                for member in found:
+                    if member.kind != "file":
+                        continue
+                    inside = member_path(layer, member.path)
+                    if inside is None:
+                        log.warning(
+                            "%s: layer %s: member %r is outside the model: left out", where, layer.digest, member
+                        )
+                        continue
+                    placed.append((inside, Piece(below, member.offset, member.size)))
+            for path, piece in placed:
+                if path in origin:
+                    raise errors.SourceError(
+                        f"{where}: {path!r} is in both layer {origin[path]} and layer {layer.digest}"
+                    )
+                origin[path] = layer.digest
+                files[join_key(root, path)] = piece
+        folders = {key.rsplit("/", 1)[0] for key in files}
+        for key in files:
+            if key in folders:
+                raise errors.SourceError(
+                    f"{where}: {key[len(root) + 1 :]!r} is both a file and a folder of the artifact"
+                )
+        return files
+
+    def _piece_maker(self, layer: Layer, where: str) -> tuple[list[Entry], Callable[[Entry], Piece]]:
+        found, below = self.entries(layer, where)
+        return found, lambda entry: Piece(below, entry.offset, entry.size)
+
+    def _warn(self, where: str) -> Callable[[str], None]:
+        def warn(text: str) -> None:
+            self.warnings.append(f"{where}: {text}")
+
+        return warn
