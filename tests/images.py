@@ -84,13 +84,15 @@ def buildah(*args: str, storage: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120, check=True)
 
 
-def modelcar(folder: Path, model: Path, storage: Path) -> Path:
+def modelcar(folder: Path, model: Path, storage: Path, ref: str, compress: bool = True) -> Path:
     """A KServe modelcar built by buildah: ``FROM scratch``, the files of ``model`` under ``/models``, committed as
-    an OCI image (gzip layers) into the OCI layout folder ``folder`` (ref name ``modelcar``). Returns it."""
+    an OCI image (gzip layers, ``-D=false``; uncompressed without ``compress``: buildah's default) into the OCI
+    layout folder ``folder`` as ``ref``. Returns it."""
     container = buildah("from", "scratch", storage=storage).stdout.strip()
     try:
         buildah("copy", container, str(model), "/models/", storage=storage)
-        buildah("commit", "--format", "oci", container, f"oci:{folder}:modelcar", storage=storage)
+        flags = ["--disable-compression=false"] if compress else ["--disable-compression"]
+        buildah("commit", "-q", "--format", "oci", *flags, container, f"oci:{folder}:{ref}", storage=storage)
     finally:
         buildah("rm", container, storage=storage)
     return folder

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from .. import errors
 from ..progress import ByteProgress, shown
-from .base import join_key
+from .base import ByteSource, join_key
 from .gzip_layer import GzipLayer
 from .image import ImageError, image_files
 from .mapped import Piece
@@ -22,14 +22,14 @@ GUNZIP = "#gunzip"  # a piece's key below: the decompressed stream of the blob w
 
 
 class Unpacker:
-    """Reads the layers of the artifacts of one source: ``read(blob key, offset, count)``, ``blob_key(digest)``;
+    """Reads the layers of the artifacts of one source (``blob_key(digest)`` a blob's key there): a tar's headers
+    with ``read`` (one request each), a gzip layer's bytes through ``read_into`` (its block cache and readahead);
     gzip indexes kept below ``cache_folder`` when there is one. ``decoded`` holds the gzip layers read (by the key
     their members' pieces name), ``warnings`` what was left out."""
 
-    def __init__(
-        self, read: Callable[[str, int, int], bytes], blob_key: Callable[[str], str], cache_folder: str | None
-    ) -> None:
-        self.read = read
+    def __init__(self, source: ByteSource, blob_key: Callable[[str], str], cache_folder: str | None) -> None:
+        self.source = source
+        self.read = source.read
         self.blob_key = blob_key
         self.cache_folder = cache_folder
         self.decoded: dict[str, GzipLayer] = {}
@@ -53,16 +53,19 @@ class Unpacker:
     def _gunzipped(self, layer: Layer, key: str) -> list[Entry]:
         virtual = key + GUNZIP
         bar = ByteProgress(layer.size, f"indexing gzip layer {layer.digest[7:19]}", shown())
-        gzipped = GzipLayer(self.read, key, layer.size, layer.digest, self.cache_folder, bar.update)
+        gzipped = GzipLayer(self._read_cached, key, layer.size, layer.digest, self.cache_folder, bar.update)
         try:
             found = gzipped.scan()
         finally:
             bar.close()
-        self.warnings += gzipped.warnings
-        for warning in gzipped.warnings:
-            log.warning("%s", warning)
+        self.warnings += gzipped.warnings  # said with the model's warnings
         self.decoded[virtual] = gzipped
         return found
+
+    def _read_cached(self, key: str, offset: int, count: int) -> bytes:
+        buffer = bytearray(count)
+        got = self.source.read_into(key, offset, memoryview(buffer))
+        return bytes(buffer[:got]) if got < count else bytes(buffer)
 
     def close(self) -> None:
         for layer in self.decoded.values():

@@ -56,8 +56,7 @@ class Decoded(Protocol):
 
 class MappedFiles:
     """A ``ByteSource`` of named files (``files``: key -> ``Piece``) read from ``below``, or from one of ``decoded``
-    where a piece's key is one of those (a compressed layer's members are ranges of its decompressed stream);
-    ``warnings``: what the store left out."""
+    where a piece's key is one of those (a compressed layer's members are ranges of its decompressed stream)."""
 
     def __init__(
         self,
@@ -66,11 +65,9 @@ class MappedFiles:
         groups: list[Group] | None = None,
         named_models: bool = False,
         decoded: Mapping[str, Decoded] | None = None,
-        warnings: Sequence[str] = (),
     ) -> None:
         self.below = below
         self.decoded = dict(decoded or {})
-        self._warnings = tuple(warnings)
         # a store whose models keep their folders even alone (Ollama's: the next pull does not move the first model)
         self.named_models = named_models
         self.files = dict(files)
@@ -164,7 +161,7 @@ class MappedFiles:
 
     @property
     def warnings(self) -> Sequence[str]:
-        return (*self.below.warnings, *self._warnings)
+        return self.below.warnings
 
     def close(self) -> None:
         for decoded in self.decoded.values():

@@ -115,7 +115,7 @@ def open_registry(
         prefault=ranges_required,
     )
     root = reference.pinned(artifact.digest)
-    unpacker = Unpacker(remote.read, transport.blob_key, disk.folder if disk is not None else None)
+    unpacker = Unpacker(remote, transport.blob_key, disk.folder if disk is not None else None)
     try:
         files = unpacker.files(artifact, root, shown)
     except BaseException:
@@ -195,7 +195,7 @@ class _Store:
         self.local = local
         self.blob = blob
         self.many = many
-        self.unpacker = Unpacker(local.read, blob, cache_folder)
+        self.unpacker = Unpacker(local, blob, cache_folder)
         self.groups: list[Group] = []
         self.files: dict[str, Piece] = {}
         self.left_out: list[str] = []
@@ -240,7 +240,6 @@ class _Store:
             self.groups,
             named_models=named_models,
             decoded=self.unpacker.decoded,
-            warnings=self.left_out,
         )
 
 

@@ -1,0 +1,282 @@
+"""Container images as filesystems (SPEC §14a): KServe modelcars built by Debian's buildah and copied by skopeo, layers
+with whiteouts and links written by hand, gzip layers read at random against a real registry (bytes counted at its
+blob CDN), stores whose one bad model is left out, and the names people type (``oci:PATH:REF``, ``docker://``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stfs.sources import open_source
+from tests.helpers import MountFn, run, stfs_command
+from tests.images import image, layer_tar, modelcar, skopeo_copy, tools_found
+from tests.models import rich_arrays, write_numpy
+from tests.registry import push, write_oci_layout, write_ollama_models
+from tests.test_oci import assert_same_tensors, gguf_bytes, repository_files
+
+pytestmark = pytest.mark.timeout(180)
+IN_CI = os.environ.get("CI") == "true"
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Modelcars:
+    model: Path  # the model folder the images hold under /models
+    layout: Path  # an OCI layout folder: "modelcar" (gzip layers), "raw" (buildah commit -D: uncompressed)
+    files: dict[str, bytes]
+
+
+@pytest.fixture(scope="session")
+def modelcars(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Modelcars]:
+    """Two modelcars built once per session by buildah (vfs storage, as root): gzip layers and uncompressed."""
+    if not tools_found():
+        if IN_CI:
+            pytest.fail("buildah or skopeo is missing in CI (or not root)")
+        pytest.skip("buildah and skopeo are not installed here (bash scripts/setup.sh)")
+    base = tmp_path_factory.mktemp("modelcars")
+    files = repository_files(base / "model")
+    layout = base / "layout"
+    storage = base / "storage"
+    modelcar(layout, base / "model", storage, "modelcar")
+    modelcar(layout, base / "model", storage, "raw", compress=False)
+    try:
+        yield Modelcars(base / "model", layout, files)
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+
+
+def layer_types(layout: Path, ref: str) -> list[str]:
+    index = json.loads((layout / "index.json").read_text())
+    [entry] = [e for e in index["manifests"] if e["annotations"]["org.opencontainers.image.ref.name"] == ref]
+    manifest = json.loads((layout / "blobs" / "sha256" / entry["digest"][7:]).read_text())
+    return [layer["mediaType"] for layer in manifest["layers"]]
+
+
+# -- modelcars built by the real tools ---------------------------------------------------------------------------------
+
+
+def test_a_buildah_modelcar_mounts_from_its_layout_by_ref(modelcars: Modelcars, mount: MountFn) -> None:
+    assert layer_types(modelcars.layout, "modelcar") == ["application/vnd.oci.image.layer.v1.tar+gzip"]
+    assert layer_types(modelcars.layout, "raw") == ["application/vnd.oci.image.layer.v1.tar"]
+    local = mount(str(modelcars.model))
+    for source in (f"oci:{modelcars.layout}:modelcar", f"{modelcars.layout}:raw"):
+        mnt = mount(source)
+        assert_same_tensors(mnt, local)
+        for name, data in modelcars.files.items():  # /models is the model's root
+            assert Path(mnt, "files", name).read_bytes() == data
+    both = mount(str(modelcars.layout))  # the folder itself: each manifest a model named by its ref name
+    assert sorted(os.listdir(both)) == ["files", "modelcar", "raw"]
+    assert_same_tensors(str(Path(both, "raw")), local)
+
+
+def test_a_modelcar_copied_by_skopeo_mounts_as_docker_and_oci(modelcars: Modelcars, registry, mount: MountFn) -> None:
+    repo = registry.repo("modelcar")
+    skopeo_copy(f"oci:{modelcars.layout}:modelcar", f"docker://{registry.host}/{repo}:v1")
+    local = mount(str(modelcars.model))
+    for source in (f"docker://{registry.host}/{repo}:v1", f"oci://{registry.host}/{repo}:v1"):
+        mnt = mount(source)
+        assert_same_tensors(mnt, local)
+        assert Path(mnt, "files", "config.json").read_bytes() == modelcars.files["config.json"]
+
+
+def test_a_ref_not_in_the_layout_is_refused_listing_those_there(modelcars: Modelcars) -> None:
+    result = stfs_command("info", f"oci:{modelcars.layout}:nope")
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert "'nope'" in line and "modelcar, raw" in line
+
+
+# -- layers applied in order, by hand ----------------------------------------------------------------------------------
+
+
+def image_layers(model: bytes) -> list[bytes]:
+    """Two layers: the second removes a file (whiteout), empties a folder (opaque) and adds links."""
+    lower = layer_tar(
+        [
+            ("etc", None),
+            ("etc/hostname", b"box\n"),
+            ("models", None),
+            ("models/model.safetensors", model),
+            ("models/gone.txt", b"removed by a whiteout"),
+            ("models/old", None),
+            ("models/old/stale.txt", b"emptied by an opaque whiteout"),
+        ]
+    )
+    upper = layer_tar(
+        [
+            ("models/.wh.gone.txt", b""),
+            ("models/old/.wh..wh..opq", b""),
+            ("models/old/fresh.txt", b"after the opaque whiteout"),
+            ("models/hard.safetensors", ("link", "models/model.safetensors")),
+            ("models/alias.txt", ("symlink", "old/fresh.txt")),
+            ("models/host.txt", ("symlink", "/etc/hostname")),  # absolute: the image's /etc, not the host's
+            ("models/escape.txt", ("symlink", "../../../../../etc/shadow")),  # stops at the image's root: nothing
+            ("models/etc", ("symlink", "../etc")),  # a folder through a link
+            ("../outside.txt", b"a member that leaves the image"),
+        ]
+    )
+    return [lower, upper]
+
+
+@pytest.mark.parametrize(
+    "compress,docker", [(True, False), (False, False), (True, True)], ids=["gzip", "tar", "docker"]
+)
+def test_whiteouts_opaque_folders_and_links(mount: MountFn, tmp_path: Path, compress: bool, docker: bool) -> None:
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    layout = write_oci_layout(tmp_path / "layout", {"v1": image(image_layers(model), compress, docker)})
+    mnt = mount(str(layout))
+    files = Path(mnt, "files")
+    found = sorted(str(path.relative_to(files)) for path in files.rglob("*") if path.is_file())
+    assert found == [
+        "alias.txt",
+        "etc/hostname",
+        "hard.safetensors",
+        "host.txt",
+        "model.safetensors",
+        "old/fresh.txt",
+    ] or found == sorted(
+        ["alias.txt", "etc/hostname", "hard.safetensors", "host.txt", "model.safetensors", "old/fresh.txt"]
+    )
+    assert (files / "model.safetensors").read_bytes() == model == (files / "hard.safetensors").read_bytes()
+    assert (files / "alias.txt").read_bytes() == b"after the opaque whiteout"
+    assert (files / "host.txt").read_bytes() == (files / "etc" / "hostname").read_bytes() == b"box\n"
+    result = stfs_command("info", str(layout))
+    assert result.returncode == 0, result.stderr
+    warned = result.stderr
+    assert "'../outside.txt'" in warned and "escape.txt" in warned and "inside the image" in warned
+
+
+# -- gzip layers read at random ----------------------------------------------------------------------------------------
+
+
+def test_a_gzip_layer_is_read_at_random_after_one_pass(
+    blob_redirector, registry, mount: MountFn, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(5)
+    payload = rng.integers(0, 256, 24 * MIB, dtype=np.uint8).tobytes()
+    half = rng.standard_normal(3 * MIB).astype(np.float16)  # compressible a little, as weights are
+    payload += half.tobytes()
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    layer = layer_tar(
+        [("models/model.safetensors", (tmp_path / "model.safetensors").read_bytes()), ("models/blob.bin", payload)]
+    )
+    artifact = image([layer])
+    [gz] = [d for d in artifact.manifest["layers"]]
+    repo = registry.repo("gzip-random")
+    push(registry, repo, "v1", artifact)
+    cache = tmp_path / "cache"
+
+    def fetched() -> int:
+        return sum(len(r.body) for r in blob_redirector.cdn_requests() if gz["digest"][7:] in r.path)
+
+    mnt = mount(f"oci://{blob_redirector.host}/{repo}:v1", options=[f"cache_dir={cache}"])
+    after_pass = fetched()
+    assert gz["size"] <= after_pass <= 1.1 * gz["size"] + MIB  # the one pass: the blob once
+    picks = random.Random(7)
+    with open(Path(mnt, "files", "blob.bin"), "rb") as stream:
+        for _ in range(200):
+            offset = picks.randrange(len(payload))
+            count = picks.randrange(1, 3 * MIB)
+            stream.seek(offset)
+            assert stream.read(count) == payload[offset : offset + count], (offset, count)
+    assert fetched() <= 1.1 * gz["size"] + MIB  # reads come from the blocks the pass brought, not again
+    kept = sorted(path.suffix for path in (cache / "gzip-index").iterdir())
+    assert kept == [".json", ".zran"]
+    index_size = sum(path.stat().st_size for path in (cache / "gzip-index").iterdir())
+    assert index_size <= 0.015 * gz["size"]
+    # a second mount with the same --cache-dir: none of the pass again
+    before = fetched()
+    again = mount(f"oci://{blob_redirector.host}/{repo}:v1", options=[f"cache_dir={cache}"])
+    offset = len(payload) - 5 * MIB
+    assert Path(again, "files", "blob.bin").read_bytes()[offset : offset + MIB] == payload[offset : offset + MIB]
+    assert fetched() - before <= 8 * MIB
+
+
+def test_a_spoiled_index_in_the_cache_dir_is_said_and_made_again(tmp_path: Path) -> None:
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    layout = write_oci_layout(tmp_path / "layout", {"v1": image([layer_tar([("models/model.safetensors", model)])])})
+    cache = tmp_path / "cache"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+
+    def mounted() -> str:
+        result = stfs_command("mount", str(layout), str(mnt), "--cache-dir", str(cache))
+        try:
+            assert result.returncode == 0, result.stderr
+            assert Path(mnt, "files", "model.safetensors").read_bytes() == model
+        finally:
+            stfs_command("unmount", str(mnt))
+        return result.stderr
+
+    assert "gzip index" not in mounted()
+    [index] = (cache / "gzip-index").glob("*.zran")
+    index.write_bytes(b"GZIDX" + bytes(100))
+    said = mounted()
+    lines = [line for line in said.splitlines() if "gzip index" in line]
+    assert len(lines) == 1, said
+    line = lines[0]
+    assert str(index) in line and "does not match" in line and "made again" in line
+    assert "gzip index" not in mounted()
+
+
+# -- stores of many models ---------------------------------------------------------------------------------------------
+
+
+def test_a_store_leaves_out_the_model_it_cannot_read(mount: MountFn, tmp_path: Path) -> None:
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    good = image([layer_tar([("models/model.safetensors", model)])])
+    broken = image([layer_tar([("models/model.safetensors", model + b"x")])], compress=False)
+    layout = write_oci_layout(tmp_path / "layout", {"good": good, "broken": broken})
+    [missing] = [d for d in broken.manifest["layers"]]
+    (layout / "blobs" / "sha256" / missing["digest"][7:]).unlink()
+    result = stfs_command("info", str(layout))
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "left out" in line]
+    assert str(layout / "blobs" / "sha256" / missing["digest"][7:]) in line
+    mnt = mount(str(layout))
+    assert Path(mnt, "files", "good", "model.safetensors").read_bytes() == model  # the one model left, at the root
+    # an Ollama models folder with one blob gone: the other model mounts, the warning names the blob file
+    data = gguf_bytes(tmp_path)
+    from tests.registry import ollama
+
+    store = write_ollama_models(
+        tmp_path / "ollama",
+        {"registry.ollama.ai/library/a/1b": ollama(data), "registry.ollama.ai/library/b/1b": ollama(data + b"\0" * 32)},
+    )
+    blob = store / "blobs" / ("sha256-" + ollama(data + b"\0" * 32).layers[0]["digest"][7:])
+    blob.unlink()
+    result = stfs_command("info", str(store))
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "left out" in line]
+    assert str(blob) in line
+
+
+def test_docker_scheme_is_read_as_oci() -> None:
+    from stfs.sources import named_source
+
+    assert named_source("docker://127.0.0.1:5000/org/m:v1") == "oci://127.0.0.1:5000/org/m:v1"
+    assert named_source("DOCKER://127.0.0.1:5000/m") == "oci://127.0.0.1:5000/m"
+
+
+def test_open_source_reads_a_layout_ref_as_its_model(tmp_path: Path) -> None:
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    artifact = image([layer_tar([("models/model.safetensors", model)])], compress=False)
+    layout = write_oci_layout(tmp_path / "layout", {"a": artifact, "b": artifact})
+    source, root = open_source(f"oci:{layout}:b")
+    try:
+        assert root == str(layout) and source.read(f"{layout}/model.safetensors", 0, 8) == model[:8]
+    finally:
+        source.close()
+    assert run(["true"]).returncode == 0
