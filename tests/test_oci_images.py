@@ -19,7 +19,7 @@ from stfs.sources import open_source
 from tests.helpers import MountFn, run, stfs_command
 from tests.images import image, layer_tar, modelcar, skopeo_copy, tools_found
 from tests.models import rich_arrays, write_numpy
-from tests.registry import push, write_oci_layout, write_ollama_models
+from tests.registry import Registry, push, write_oci_layout, write_ollama_models
 from tests.test_oci import assert_same_tensors, gguf_bytes, repository_files
 
 pytestmark = pytest.mark.timeout(180)
@@ -280,3 +280,63 @@ def test_open_source_reads_a_layout_ref_as_its_model(tmp_path: Path) -> None:
     finally:
         source.close()
     assert run(["true"]).returncode == 0
+
+
+# -- credential helpers ---------------------------------------------------------------------------------------------
+
+
+def helper_script(folder: Path, name: str, body: str) -> None:
+    """``docker-credential-NAME`` as a shell script on ``folder`` (put on PATH): ``body`` reads the server."""
+    path = folder / f"docker-credential-{name}"
+    path.write_text(f'#!/bin/sh\n[ "$1" = get ] || exit 3\nread server\n{body}\n')
+    path.chmod(0o755)
+
+
+def test_credential_helpers_run_as_docker_runs_them(registry, monkeypatch, mount: MountFn, tmp_path: Path) -> None:
+    pytest.importorskip("bcrypt")
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    repo = registry.repo("helper")
+    push(
+        registry,
+        repo,
+        "v1",
+        image([layer_tar([("models/model.safetensors", (tmp_path / "model.safetensors").read_bytes())])]),
+    )
+    basic = Registry(tmp_path / "basic", htpasswd={"reader": "H3lper-Secret-never-shown"}, storage=registry.storage)
+    basic.start()
+    try:
+        bin_folder = tmp_path / "bin"
+        bin_folder.mkdir()
+        host = basic.host
+        answer = '{"ServerURL":"%s","Username":"reader","Secret":"H3lper-Secret-never-shown"}'
+        helper_script(bin_folder, "good", f'[ "$server" = "{host}" ] || exit 4\nprintf \'{answer % host}\'')
+        helper_script(bin_folder, "broken", 'echo "secret-looking output H3lper" >&2; echo oops; exit 2')
+        helper_script(bin_folder, "empty", "echo 'credentials not found in native keychain'; exit 1")
+        monkeypatch.setenv("PATH", f"{bin_folder}:{os.environ['PATH']}")
+        config = tmp_path / "docker"
+        config.mkdir()
+        monkeypatch.delenv("REGISTRY_AUTH_FILE", raising=False)
+        monkeypatch.setenv("DOCKER_CONFIG", str(config))
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "runtime"))
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        source = f"docker://{host}/{repo}:v1"
+        (config / "config.json").write_text(json.dumps({"credsStore": "empty", "credHelpers": {host: "good"}}))
+        mnt = mount(source)
+        assert Path(mnt, "files", "model.safetensors").read_bytes() == (tmp_path / "model.safetensors").read_bytes()
+        (config / "config.json").write_text(json.dumps({"credsStore": "broken"}))
+        failed = stfs_command("info", source)
+        assert failed.returncode == 1
+        [line] = failed.stderr.strip().splitlines()
+        assert "docker-credential-broken" in line and host in line and "H3lper" not in line and "oops" not in line
+        (config / "config.json").write_text(json.dumps({"credsStore": "empty"}))
+        nothing = stfs_command("info", source)
+        assert nothing.returncode == 1 and "user and password" in nothing.stderr
+        (config / "config.json").write_text(json.dumps({"credsStore": "missing"}))
+        missing = stfs_command("info", source)
+        assert missing.returncode == 1 and "docker-credential-missing" in missing.stderr
+        assert "is not installed" in missing.stderr
+        # an open registry needs no helper: one that fails is not even said
+        (config / "config.json").write_text(json.dumps({"credsStore": "broken"}))
+        assert stfs_command("info", f"oci://{registry.host}/{repo}:v1").returncode == 0
+    finally:
+        basic.stop()

@@ -183,10 +183,16 @@ def _layer(layer: dict, number: int, where: str, warnings: list[str], image: boo
     if image and not named and IMAGE_LAYER.match(media_type):
         tar = True
     elif compression and not tar:
-        warnings.append(f"layer {digest} ({named or media_type}) is a compressed file, not a tar: left out")
+        warnings.append(
+            f"layer {digest} ({named or media_type}) is a compressed file, not a tar: left out "
+            "(push the file uncompressed, or in a tar layer)"
+        )
         return None
     if compression and compression not in READ_COMPRESSED:
-        warnings.append(f"layer {digest} ({named or media_type}): stfs reads no {compression} layer: left out")
+        warnings.append(
+            f"layer {digest} ({named or media_type}): stfs reads no {compression} layer: left out "
+            "(copy the image with gzip or uncompressed layers: skopeo copy --dest-compress-format gzip)"
+        )
         return None
     if tar:
         # ModelPack's tar holds its files at their paths from the model's root; ORAS's, below its title
