@@ -45,14 +45,29 @@ def layer_tar(members: list[tuple[str, Any]]) -> bytes:
     return out.getvalue()
 
 
-def image(layers: list[bytes], compress: bool = True, docker: bool = False) -> Artifact:
-    """An image manifest (OCI, or Docker schema 2) over ``layers`` (tars, gzip'd when ``compress``), bottom first,
-    with an image config naming their diff IDs."""
+def zstd_frames(data: bytes, frame: int | None) -> bytes:
+    """``data`` compressed by zstd: one frame, or a frame every ``frame`` bytes (as zstd:chunked cuts them)."""
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor(level=3)
+    if frame is None:
+        return compressor.compress(data)
+    return b"".join(compressor.compress(data[at : at + frame]) for at in range(0, len(data), frame))
+
+
+def image(layers: list[bytes], compress: bool | str = True, docker: bool = False) -> Artifact:
+    """An image manifest (OCI, or Docker schema 2) over ``layers`` (tars, gzip'd when ``compress``; ``"zstd"``: one
+    zstd frame, ``"zstd-frames"``: a frame every 256 KiB), bottom first, with an image config naming their diff
+    IDs."""
     blobs = {}
     descriptors = []
     for tar in layers:
-        data = gzip.compress(tar, 6, mtime=0) if compress else tar
-        media = (DOCKER_GZIP if docker else LAYER_GZIP) if compress else LAYER_TAR
+        if compress in ("zstd", "zstd-frames"):
+            data = zstd_frames(tar, None if compress == "zstd" else 256 << 10)
+            media = LAYER_TAR + "+zstd"
+        else:
+            data = gzip.compress(tar, 6, mtime=0) if compress else tar
+            media = (DOCKER_GZIP if docker else LAYER_GZIP) if compress else LAYER_TAR
         blobs[sha256_digest(data)] = data
         descriptors.append({"mediaType": media, "digest": sha256_digest(data), "size": len(data)})
     config = go_json(

@@ -282,7 +282,7 @@ def test_open_source_reads_a_layout_ref_as_its_model(tmp_path: Path) -> None:
     assert run(["true"]).returncode == 0
 
 
-# -- credential helpers ---------------------------------------------------------------------------------------------
+# -- credential helpers ------------------------------------------------------------------------------------------------
 
 
 def helper_script(folder: Path, name: str, body: str) -> None:
@@ -340,3 +340,44 @@ def test_credential_helpers_run_as_docker_runs_them(registry, monkeypatch, mount
         assert stfs_command("info", f"oci://{registry.host}/{repo}:v1").returncode == 0
     finally:
         basic.stop()
+
+
+# -- zstd layers -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compress", ["zstd-frames", "zstd"])
+def test_zstd_layers_by_frame_or_whole(mount: MountFn, tmp_path: Path, compress: str) -> None:
+    rng = np.random.default_rng(9)
+    payload = rng.standard_normal(9 * MIB).astype(np.float16).tobytes()  # 18 MiB: one frame of it is too large
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    tar = layer_tar([("models/model.safetensors", model), ("models/blob.bin", payload)])
+    layout = write_oci_layout(tmp_path / "layout", {"v1": image([tar], compress)})
+    mnt = mount(str(layout), options=[f"cache_dir={tmp_path / 'cache'}"])
+    picks = random.Random(3)
+    with open(Path(mnt, "files", "blob.bin"), "rb") as stream:
+        for _ in range(50):
+            offset, count = picks.randrange(len(payload)), picks.randrange(1, 600_000)
+            stream.seek(offset)
+            assert stream.read(count) == payload[offset : offset + count]
+    assert Path(mnt, "files", "model.safetensors").read_bytes() == model
+    whole = list((tmp_path / "cache" / "zstd-whole").glob("*.tar"))
+    assert len(whole) == (1 if compress == "zstd" else 0)  # one frame: its output kept whole; frames: nothing
+
+
+def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypatch, tmp_path: Path) -> None:
+    from stfs import errors
+    from stfs.sources import zstd_layer
+
+    monkeypatch.setattr(zstd_layer, "MEMORY_MAX", 1 << 20)
+    monkeypatch.setattr(zstd_layer, "FRAME_MAX", 1 << 20)
+    payload = np.random.default_rng(1).integers(0, 256, 3 * MIB, dtype=np.uint8).tobytes()
+    layout = write_oci_layout(tmp_path / "layout", {"v1": image([layer_tar([("models/b.bin", payload)])], "zstd")})
+    with pytest.raises(errors.SourceError) as refused:
+        open_source(str(layout))
+    assert "--cache-dir" in str(refused.value) and "\n" not in str(refused.value)
+    source, root = open_source(str(layout), cache_dir=str(tmp_path / "cache"))
+    try:
+        assert source.read(f"{root}/b.bin", MIB, 100) == payload[MIB : MIB + 100]
+    finally:
+        source.close()

@@ -1,6 +1,6 @@
 """The members of an artifact's tar layers, wherever their bytes are: an uncompressed tar's headers read by Range
-(``tar_index``), a gzip'd tar's after its one pass (``gzip_layer``); and the files an artifact's layers make, a
-container image's applied in order (``image``)."""
+(``tar_index``), a compressed tar's after its one pass (``gzip_layer``, ``zstd_layer``); and the files an
+artifact's layers make, a container image's applied in order (``image``)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from .image import ImageError, image_files
 from .mapped import Piece
 from .oci_artifact import Artifact, Layer, member_path
 from .tar_index import MAX_MEMBERS, Entry, TarIndexError, _RangeFile, entries
+from .zstd_layer import ZstdLayer
 
 log = logging.getLogger(__name__)
 
-GUNZIP = "#gunzip"  # a piece's key below: the decompressed stream of the blob whose key it ends
+# A compressed layer's members are pieces of KEY#COMPRESSION: the decompressed stream of the blob KEY.
+DECODERS: dict[str, type[GzipLayer] | type[ZstdLayer]] = {"gzip": GzipLayer, "zstd": ZstdLayer}
 
 
 class Unpacker:
@@ -32,15 +34,15 @@ class Unpacker:
         self.read = source.read
         self.blob_key = blob_key
         self.cache_folder = cache_folder
-        self.decoded: dict[str, GzipLayer] = {}
+        self.decoded: dict[str, GzipLayer | ZstdLayer] = {}
         self.warnings: list[str] = []
 
     def entries(self, layer: Layer, where: str) -> tuple[list[Entry], str]:
         """The members of the tar ``layer`` is, and the key their file pieces name."""
         key = self.blob_key(layer.digest)
         try:
-            if layer.compression == "gzip":
-                return self._gunzipped(layer, key), key + GUNZIP
+            if layer.compression in DECODERS:
+                return self._decompressed(layer, key), key + "#" + layer.compression
             import io
 
             stream = io.BufferedReader(_RangeFile(lambda lo, n: self.read(key, lo, n), layer.size))
@@ -50,16 +52,19 @@ class Unpacker:
         except OSError as exc:
             raise errors.SourceError(f"{where}: layer {layer.digest}: cannot read: {exc.strerror or exc}") from None
 
-    def _gunzipped(self, layer: Layer, key: str) -> list[Entry]:
-        virtual = key + GUNZIP
-        bar = ByteProgress(layer.size, f"indexing gzip layer {layer.digest[7:19]}", shown())
-        gzipped = GzipLayer(self._read_cached, key, layer.size, layer.digest, self.cache_folder, bar.update)
+    def _decompressed(self, layer: Layer, key: str) -> list[Entry]:
+        bar = ByteProgress(layer.size, f"indexing {layer.compression} layer {layer.digest[7:19]}", shown())
+        decoder = DECODERS[layer.compression]
+        stream = decoder(self._read_cached, key, layer.size, layer.digest, self.cache_folder, bar.update)
         try:
-            found = gzipped.scan()
+            found = stream.scan()
+        except BaseException:
+            stream.close()
+            raise
         finally:
             bar.close()
-        self.warnings += gzipped.warnings  # said with the model's warnings
-        self.decoded[virtual] = gzipped
+        self.warnings += stream.warnings  # said with the model's warnings
+        self.decoded[key + "#" + layer.compression] = stream
         return found
 
     def _read_cached(self, key: str, offset: int, count: int) -> bytes:

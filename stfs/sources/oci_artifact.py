@@ -47,7 +47,7 @@ IMAGE_CONFIGS = ("application/vnd.oci.image.config.v1+json", "application/vnd.do
 IMAGE_LAYER = re.compile(
     r"^application/vnd\.(oci\.image\.layer\.v1\.tar|docker\.image\.rootfs\.diff\.tar)(\+gzip|\+zstd|\.gzip)?$"
 )
-READ_COMPRESSED = ("gzip",)  # compressions of tar layers read at random
+READ_COMPRESSED = ("gzip", "zstd")  # compressions of tar layers read at random
 DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 
 
