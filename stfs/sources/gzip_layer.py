@@ -17,10 +17,12 @@ import json
 import logging
 import os
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
-from .tar_index import Entry, TarIndexError, _RangeFile, entries
+from .tar_index import MAX_MEMBERS, Entry, TarIndexError, _RangeFile, entries
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,6 @@ CHUNKS_KEPT = 4
 READ_BUFFER = 1 << 20  # compressed bytes asked of the source at once
 MAX_RATIO = 256  # a layer inflating past this many times its size (plus SLACK) is a bomb: refused
 SLACK = 64 << 20
-MAX_ENTRIES = 200_000  # members of one layer: their list stays in memory
 INDEX_FOLDER = "gzip-index"
 FORMAT = 1
 _BOMB = f"{MAX_RATIO} times the size of its gzip layer (a gzip bomb?)"
@@ -71,20 +72,38 @@ class GzipLayer:
             return kept
         import indexed_gzip
 
-        source = io.BufferedReader(_Counted(self, _RangeFile(lambda lo, n: self._read(self.key, lo, n), self.size)))
+        counted = _Counted(self, _RangeFile(lambda lo, n: self._read(self.key, lo, n), self.size), _Members(self.bound))
+        source = io.BufferedReader(counted)
         stream = indexed_gzip.IndexedGzipFile(
             fileobj=source, spacing=SPACING, readbuf_size=READ_BUFFER, buffer_size=64 << 10, auto_build=True
         )
         try:
-            found = list(entries(stream, self.bound, MAX_ENTRIES, _BOMB))
+            found = list(entries(stream, self.bound, MAX_MEMBERS, _BOMB))
+            while stream.read(READ_BUFFER):  # to the stream's end: its CRC and length checked, the rest bounded
+                if stream.tell() > self.bound:
+                    raise TarIndexError(f"the stream inflates past {_BOMB}")
+            self._check_end(stream.tell(), found, counted.members)
             raw = stream.detach()  # the _IndexedGzipFile below the buffer: reads keep chunks of their own
         except TarIndexError as exc:
-            raise TarIndexError(_said(exc)) from None
+            raise TarIndexError(_said(counted.members.error or exc)) from None
         except Exception as exc:  # zran's errors (ZranError, CrcError, …) and the source's
-            raise TarIndexError(_said(exc)) from None
+            raise TarIndexError(_said(counted.members.error or exc)) from None
         self._file = raw
         self._save(raw, found)
         return found
+
+    def _check_end(self, total: int, found: list[Entry], checked: _Members) -> None:
+        """The stream is whole: every member ends within its ``total`` bytes, and ``checked`` (the blob's bytes as
+        zran read them, inflated by ``zlib`` too) found its members whole, making as much."""
+        for entry in found:
+            if entry.kind == "file" and entry.offset + entry.size > total:
+                raise TarIndexError(f"member {entry.path!r} ends past the stream's end (byte {total}): it is cut short")
+        if checked.position != self.size:  # zran read it otherwise than front to back: inflated once more here
+            checked = _Members(self.bound)
+            for lo in range(0, self.size, READ_BUFFER):
+                checked.feed(self._read(self.key, lo, min(READ_BUFFER, self.size - lo)))
+        if checked.finish() != total:
+            raise TarIndexError("its gzip members inflate to another length than the stream read")
 
     # -- reads
 
@@ -192,11 +211,13 @@ class GzipLayer:
 
 
 class _Counted(io.RawIOBase):
-    """A raw file passing on its reads and telling the progress bar how many bytes came."""
+    """A raw file passing on its reads, telling the progress bar how many bytes came and ``members`` what they are
+    while they come in order."""
 
-    def __init__(self, layer: GzipLayer, below: _RangeFile) -> None:
+    def __init__(self, layer: GzipLayer, below: _RangeFile, members: _Members) -> None:
         self._layer = layer
         self._below = below
+        self.members = members
 
     def readable(self) -> bool:
         return True
@@ -211,10 +232,59 @@ class _Counted(io.RawIOBase):
         return self._below.seek(offset, whence)
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        at = self._below.tell()
         got = self._below.readinto(buffer)
+        if got and at == self.members.position and self.members.error is None:
+            try:
+                self.members.feed(memoryview(buffer)[:got])
+            except TarIndexError as exc:  # said once zran is back: raised through it, it would be its own error
+                self.members.error = exc
         if self._layer._progress is not None and got:
             self._layer._progress(got)
         return got
+
+
+class _Members:
+    """The gzip members of a blob inflated by ``zlib`` as its bytes come, in order, CRCs checked: ``total`` the
+    bytes they make; a ``TarIndexError`` for a member cut short, or bytes after the last that are neither a member
+    nor zero padding. (zran stops quietly at both: this is what says the stream is whole.)"""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.total = 0
+        self.position = 0  # bytes fed
+        self._decoder: Any = None  # the member being inflated
+        self._padding = False
+        self.error: TarIndexError | None = None
+
+    def feed(self, piece: bytes | memoryview) -> None:
+        self.position += len(piece)
+        data = bytes(piece)
+        while data:
+            if self._padding or (self._decoder is None and data[0] == 0):
+                if data.strip(b"\0"):
+                    raise TarIndexError("bytes that are not gzip follow its zero padding")
+                self._padding = True
+                return
+            if self._decoder is None:
+                self._decoder = zlib.decompressobj(31)
+            try:
+                self.total += len(self._decoder.decompress(data, READ_BUFFER))  # a bounded piece at a time
+            except zlib.error as exc:
+                raise TarIndexError(f"the gzip member before byte {self.position}: {exc}") from None
+            if self.total > self.bound:
+                raise TarIndexError(f"the stream inflates past {_BOMB}")
+            if self._decoder.eof:
+                data, self._decoder = self._decoder.unused_data, None
+            else:
+                data = self._decoder.unconsumed_tail
+
+    def finish(self) -> int:
+        if self.error is not None:
+            raise self.error
+        if self._decoder is not None:
+            raise TarIndexError("the gzip stream is cut short (its last member has no end)")
+        return self.total
 
 
 def _write_atomic(path: str, data: bytes) -> None:

@@ -19,8 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import BinaryIO
 
-from .gzip_layer import MAX_ENTRIES, MAX_RATIO, SLACK
-from .tar_index import Entry, TarIndexError, entries
+from .gzip_layer import MAX_RATIO, SLACK
+from .tar_index import MAX_MEMBERS, Entry, TarIndexError, entries
 
 FRAME_MAX = 16 << 20  # frames up to this much output are read one by one; a larger one makes the layer read whole
 MEMORY_MAX = 256 << 20  # output kept in memory at most (a layer read whole without --cache-dir)
@@ -63,7 +63,7 @@ class ZstdLayer:
         stream = _Pass(self, zstandard, spool)
         try:
             found = list(
-                entries(io.BufferedReader(stream), self.size * MAX_RATIO + SLACK, MAX_ENTRIES, "the layer's bound")
+                entries(io.BufferedReader(stream), self.size * MAX_RATIO + SLACK, MAX_MEMBERS, "the layer's bound")
             )
             stream.finish()
         except TarIndexError:
