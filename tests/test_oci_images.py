@@ -381,3 +381,17 @@ def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypat
         assert source.read(f"{root}/b.bin", MIB, 100) == payload[MIB : MIB + 100]
     finally:
         source.close()
+
+
+def test_a_modelpack_tar_gzip_artifact_is_read_at_random(registry, mount: MountFn, tmp_path: Path) -> None:
+    from tests.registry import modelpack
+
+    files = repository_files(tmp_path / "repo")
+    repo = registry.repo("modelpack-gzip")
+    artifact = modelpack(files, compressed=True)
+    assert {layer["mediaType"].rsplit(".", 1)[-1] for layer in artifact.layers} == {"tar+gzip"}
+    push(registry, repo, "v1", artifact)
+    mnt = mount(f"oci://{registry.host}/{repo}:v1")
+    assert_same_tensors(mnt, mount(str(tmp_path / "repo")))
+    for name, data in files.items():
+        assert Path(mnt, "files", name).read_bytes() == data
