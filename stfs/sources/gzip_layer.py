@@ -234,13 +234,16 @@ class _Counted(io.RawIOBase):
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         at = self._below.tell()
         got = self._below.readinto(buffer)
-        if got and at == self.members.position and self.members.error is None:
-            try:
-                self.members.feed(memoryview(buffer)[:got])
-            except TarIndexError as exc:  # said once zran is back: raised through it, it would be its own error
-                self.members.error = exc
-        if self._layer._progress is not None and got:
-            self._layer._progress(got)
+        known = self.members.position
+        if at <= known < at + got:  # zran reads again from a restart point at times: only what is new is fed
+            if self.members.error is None:
+                try:
+                    self.members.feed(memoryview(buffer)[known - at : got])
+                except TarIndexError as exc:  # said once zran is back: raised through it, it would be zran's
+                    self.members.error = exc
+            self.members.position = at + got
+            if self._layer._progress is not None:
+                self._layer._progress(at + got - known)
         return got
 
 
