@@ -8,6 +8,7 @@ from .base import (
     DEFAULT_CACHE_SIZE,
     DEFAULT_TIMEOUT,
     PAGE,
+    SCHEME_ALIASES,
     ByteSource,
     FileInfo,
     Kind,
@@ -43,8 +44,6 @@ __all__ = [
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-# Other spellings of the same sources: skopeo's and podman's registry reference is docker://HOST/REPO[:TAG].
-SCHEME_ALIASES = {"docker": "oci"}
 OCI_LAYOUT_PREFIX = "oci:"  # skopeo's oci:PATH[:REF]
 
 
