@@ -19,6 +19,8 @@ from .zstd_layer import ZstdLayer
 
 log = logging.getLogger(__name__)
 
+WARNINGS = 20  # lines said for the members an image leaves out; the rest counted in one
+
 # A compressed layer's members are pieces of KEY#COMPRESSION: the decompressed stream of the blob KEY.
 DECODERS: dict[str, type[GzipLayer] | type[ZstdLayer]] = {"gzip": GzipLayer, "zstd": ZstdLayer}
 
@@ -85,10 +87,13 @@ class Unpacker:
         if image:
             try:
                 tree = image_files(
-                    ((layer.digest, *self._piece_maker(layer, where)) for layer in image), self._warn(where)
+                    ((layer.digest, *self._piece_maker(layer, where)) for layer in image), warn := _Warnings(where)
                 )
             except ImageError as exc:
                 raise errors.SourceError(f"{where}: the image is not one stfs can show ({exc})") from None
+            self.warnings += warn.lines
+            if warn.more:
+                self.warnings.append(f"{where}: {warn.more} more members or links left out likewise")
             for path, piece in tree.items():
                 origin[path] = "the image"
                 files[join_key(root, path)] = piece
@@ -130,8 +135,18 @@ class Unpacker:
         found, below = self.entries(layer, where)
         return found, lambda entry: Piece(below, entry.offset, entry.size)
 
-    def _warn(self, where: str) -> Callable[[str], None]:
-        def warn(text: str) -> None:
-            self.warnings.append(f"{where}: {text}")
 
-        return warn
+class _Warnings:
+    """The warnings of ``where``: the first ``WARNINGS`` said, the rest counted (a hostile layer could have a
+    million)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.lines: list[str] = []
+        self.more = 0
+
+    def __call__(self, text: str) -> None:
+        if len(self.lines) < WARNINGS:
+            self.lines.append(f"{self.where}: {text}")
+        else:
+            self.more += 1
