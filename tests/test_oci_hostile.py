@@ -161,3 +161,27 @@ def test_the_fuzzer_finds_nothing_in_a_short_run(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "findings: 0" in result.stdout and "cases: " in result.stdout, result.stdout
+
+
+def test_links_resolve_inside_the_image_and_loops_end() -> None:
+    from stfs.sources.image import image_files
+    from stfs.sources.mapped import Piece
+    from stfs.sources.tar_index import Entry
+
+    members = [
+        Entry("models/sub/w.bin", "file", 0, 4),
+        Entry("models/self", "symlink", target="self"),
+        Entry("models/b", "symlink", target="c"),
+        Entry("models/c", "symlink", target="b"),
+        Entry("models/folder", "symlink", target="sub"),
+        Entry("models/up", "symlink", target="../../../../models/sub/w.bin"),
+        Entry("models/sub/back", "symlink", target=".."),  # a folder holding itself: a loop
+        Entry("models/long", "symlink", target="a/" * 3000),
+    ]
+    said: list[str] = []
+    files = image_files([("sha256:x", members, lambda entry: Piece("blob", entry.offset, entry.size))], said.append)
+    assert sorted(files) == ["folder/w.bin", "sub/w.bin", "up"]
+    assert files["up"] == files["sub/w.bin"] == Piece("blob", 0, 4)
+    for name in ("'self'", "'b'", "'c'", "'long'"):
+        assert any(name in line and "names nothing" in line for line in said), (name, said)
+    assert any("makes a loop" in line for line in said), said

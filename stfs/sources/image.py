@@ -18,6 +18,7 @@ from .tar_index import Entry
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 MAX_HOPS = 40  # symbolic links followed for one name, as Linux's ELOOP
+PATH_MAX = 4096  # a link's target, a name looked up: longer ones name nothing
 MAX_FILES = 1_000_000  # files the tree gives, links to folders included
 MODELS = "models"  # KServe's modelcar convention: the model is under /models
 
@@ -118,34 +119,36 @@ def _place(
 def _lookup(root: dict, path: str, follow_last: bool = True) -> tuple[Node | None, str]:
     """The node at ``path`` from the image's root, symbolic links followed inside the image, and its own path there
     (links resolved); ``None`` if there is none."""
-    node: Node = root
+    if len(path) > PATH_MAX:
+        return None, ""
     parts = [part for part in path.split("/") if part not in ("", ".")]
     parts.reverse()  # popped from the end
-    walked: list[str] = []
+    walked: list[tuple[str, dict]] = []  # the folders gone through: (name, folder)
+    node: Node = root
     hops = 0
     while parts:
         part = parts.pop()
         if part == "..":
-            walked = walked[:-1]  # the root's parent is the root
-            parts += reversed(walked)
-            node, walked = root, []
+            if walked:  # the root's parent is the root
+                walked.pop()
+            node = walked[-1][1] if walked else root
             continue
         if not isinstance(node, dict):
             return None, ""
         child = node.get(part)
         if isinstance(child, Symlink) and (parts or follow_last):
             hops += 1
-            if hops > MAX_HOPS:
+            if hops > MAX_HOPS or len(child.target) > PATH_MAX:
                 return None, ""
-            base = [] if child.target.startswith("/") else walked
-            parts += reversed([*base, *[p for p in child.target.split("/") if p not in ("", ".")]])
-            node, walked = root, []
+            if child.target.startswith("/"):
+                walked, node = [], root
+            parts += reversed([p for p in child.target.split("/") if p not in ("", ".")])
             continue
         if child is None:
             return None, ""
         node = child
-        walked.append(part)
-    return node, "/".join(walked)
+        walked.append((part, child if isinstance(child, dict) else {}))
+    return node, "/".join(name for name, _ in walked)
 
 
 def _flatten(
