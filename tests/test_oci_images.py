@@ -363,6 +363,14 @@ def test_zstd_layers_by_frame_or_whole(mount: MountFn, tmp_path: Path, compress:
     assert Path(mnt, "files", "model.safetensors").read_bytes() == model
     whole = list((tmp_path / "cache" / "zstd-whole").glob("*.tar"))
     assert len(whole) == (1 if compress == "zstd" else 0)  # one frame: its output kept whole; frames: nothing
+    if whole:  # a later open reads the kept output: no pass again
+        made = whole[0].stat().st_mtime_ns
+        source, root = open_source(str(layout), cache_dir=str(tmp_path / "cache"))
+        try:
+            assert source.read(f"{root}/blob.bin", 1000, 5000) == payload[1000:6000]
+        finally:
+            source.close()
+        assert whole[0].stat().st_mtime_ns == made and not list(whole[0].parent.glob("*.partial"))
 
 
 def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypatch, tmp_path: Path) -> None:

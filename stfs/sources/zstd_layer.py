@@ -59,38 +59,65 @@ class ZstdLayer:
         import zstandard
 
         kept = self._kept_path()
-        spool: BinaryIO = open(kept + ".partial", "w+b") if kept else io.BytesIO()  # noqa: SIM115
+        if kept is not None and os.path.exists(kept):
+            reused = self._reuse(kept)
+            if reused is not None:
+                return reused
+        partial = f"{kept}.{os.getpid()}.partial" if kept else None
+        spool: BinaryIO = open(partial, "w+b") if partial else io.BytesIO()  # noqa: SIM115
         stream = _Pass(self, zstandard, spool)
         try:
             found = list(
                 entries(io.BufferedReader(stream), self.size * MAX_RATIO + SLACK, MAX_MEMBERS, "the layer's bound")
             )
             stream.finish()
-        except TarIndexError:
+        except Exception as exc:  # the tar's, zstd's and the source's
             spool.close()
-            raise
-        except Exception as exc:  # zstd's errors and the source's
-            spool.close()
+            if partial:
+                os.unlink(partial)
+            if isinstance(exc, TarIndexError):
+                raise
             raise TarIndexError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
         self._frames = stream.frames
         self._starts = [frame[0] for frame in self._frames]
         if max((end - start for start, end, _, _ in self._frames), default=0) <= FRAME_MAX:
             spool.close()
-            if kept:
-                os.unlink(kept + ".partial")
+            if partial:
+                os.unlink(partial)
             return found
         if stream.spool_full:
             spool.close()
+            if partial:
+                os.unlink(partial)
             raise TarIndexError(
                 f"it is one zstd frame of more than {FRAME_MAX >> 20} MiB, which cannot be read at random, and its "
                 f"{stream.out >> 20} MiB do not fit in memory ({MEMORY_MAX >> 20} MiB): mount with --cache-dir DIR "
                 "to keep it there"
             )
-        if kept:
+        if kept and partial:
             spool.close()
-            os.replace(kept + ".partial", kept)
+            os.replace(partial, kept)  # whole, under the blob's digest: the next mount reads it (_reuse)
             spool = open(kept, "rb")  # noqa: SIM115
         self._whole = spool
+        return found
+
+    def _reuse(self, kept: str) -> list[Entry] | None:
+        """The members of the output a mount before kept whole in ``--cache-dir`` (read there from now on); ``None``
+        (said in one line) where it is not a whole tar."""
+        try:
+            file = open(kept, "rb")  # noqa: SIM115
+        except OSError:
+            return None
+        try:
+            size = os.fstat(file.fileno()).st_size
+            found = list(entries(io.BufferedReader(io.FileIO(file.fileno(), closefd=False)), size, MAX_MEMBERS))
+        except (OSError, TarIndexError) as exc:
+            file.close()
+            self.warnings.append(
+                f"{kept}: the output kept for blob {self.digest} is not a whole tar ({exc}): made again"
+            )
+            return None
+        self._whole = file
         return found
 
     def read_at(self, offset: int, count: int) -> bytes:
