@@ -49,7 +49,7 @@ def zstd_frames(data: bytes, frame: int | None) -> bytes:
     """``data`` compressed by zstd: one frame, or a frame every ``frame`` bytes (as zstd:chunked cuts them)."""
     import zstandard
 
-    compressor = zstandard.ZstdCompressor(level=3)
+    compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)  # as the zstd tool writes them
     if frame is None:
         return compressor.compress(data)
     return b"".join(compressor.compress(data[at : at + frame]) for at in range(0, len(data), frame))

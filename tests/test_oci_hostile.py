@@ -185,3 +185,29 @@ def test_links_resolve_inside_the_image_and_loops_end() -> None:
     for name in ("'self'", "'b'", "'c'", "'long'"):
         assert any(name in line and "names nothing" in line for line in said), (name, said)
     assert any("makes a loop" in line for line in said), said
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "garbage"])
+def test_a_broken_zstd_stream_is_one_line(tmp_path: Path, damage: str) -> None:
+    from tests.images import zstd_frames
+
+    tar = layer_tar([("models/model.safetensors", model_bytes(tmp_path)), ("models/pad.bin", bytes(range(256)) * 999)])
+    data = bytearray(zstd_frames(tar, 64 << 10))
+    if damage == "truncated":
+        data = data[: len(data) - 100]
+    elif damage == "corrupt":
+        data[len(data) // 2 : len(data) // 2 + 64] = bytes(range(64))
+    else:
+        data += b"not zstd at all"
+    made = image([b""], compress=False)
+    manifest = dict(made.manifest)
+    layer = {"mediaType": "application/vnd.oci.image.layer.v1.tar+zstd", "digest": sha256_digest(bytes(data))}
+    manifest["layers"] = [{**layer, "size": len(data)}]
+    config = {made.manifest["config"]["digest"]: made.blobs[made.manifest["config"]["digest"]]}
+    layout = write_oci_layout(
+        tmp_path / "layout", {"v1": Artifact(manifest, made.media_type, {**config, layer["digest"]: bytes(data)})}
+    )
+    with pytest.raises(errors.SourceError) as refused:
+        source, _ = open_source(str(layout))
+        source.close()
+    assert "\n" not in str(refused.value) and "is not a tar stfs can read" in str(refused.value)
