@@ -70,8 +70,8 @@ def test_a_buildah_modelcar_mounts_from_its_layout_by_ref(modelcars: Modelcars, 
     for source in (f"oci:{modelcars.layout}:modelcar", f"{modelcars.layout}:raw"):
         mnt = mount(source)
         assert_same_tensors(mnt, local)
-        for name, data in modelcars.files.items():  # /models is the model's root
-            assert Path(mnt, "files", name).read_bytes() == data
+        for name, data in modelcars.files.items():  # files/ is the image; the model is what /models holds
+            assert Path(mnt, "files", "models", name).read_bytes() == data
     both = mount(str(modelcars.layout))  # the folder itself: each manifest a model named by its ref name
     assert sorted(os.listdir(both)) == ["files", "modelcar", "raw"]
     assert_same_tensors(str(Path(both, "raw")), local)
@@ -84,7 +84,7 @@ def test_a_modelcar_copied_by_skopeo_mounts_as_docker_and_oci(modelcars: Modelca
     for source in (f"docker://{registry.host}/{repo}:v1", f"oci://{registry.host}/{repo}:v1"):
         mnt = mount(source)
         assert_same_tensors(mnt, local)
-        assert Path(mnt, "files", "config.json").read_bytes() == modelcars.files["config.json"]
+        assert Path(mnt, "files", "models", "config.json").read_bytes() == modelcars.files["config.json"]
 
 
 def test_a_ref_not_in_the_layout_is_refused_listing_those_there(modelcars: Modelcars) -> None:
@@ -136,19 +136,20 @@ def test_whiteouts_opaque_folders_and_links(mount: MountFn, tmp_path: Path, comp
     mnt = mount(str(layout))
     files = Path(mnt, "files")
     found = sorted(str(path.relative_to(files)) for path in files.rglob("*") if path.is_file())
-    assert found == [
-        "alias.txt",
+    assert found == [  # files/ is the whole image
         "etc/hostname",
-        "hard.safetensors",
-        "host.txt",
-        "model.safetensors",
-        "old/fresh.txt",
-    ] or found == sorted(
-        ["alias.txt", "etc/hostname", "hard.safetensors", "host.txt", "model.safetensors", "old/fresh.txt"]
-    )
-    assert (files / "model.safetensors").read_bytes() == model == (files / "hard.safetensors").read_bytes()
-    assert (files / "alias.txt").read_bytes() == b"after the opaque whiteout"
-    assert (files / "host.txt").read_bytes() == (files / "etc" / "hostname").read_bytes() == b"box\n"
+        "models/alias.txt",
+        "models/etc/hostname",
+        "models/hard.safetensors",
+        "models/host.txt",
+        "models/model.safetensors",
+        "models/old/fresh.txt",
+    ]
+    inside = files / "models"
+    assert (inside / "model.safetensors").read_bytes() == model == (inside / "hard.safetensors").read_bytes()
+    assert (inside / "alias.txt").read_bytes() == b"after the opaque whiteout"
+    assert (inside / "host.txt").read_bytes() == (inside / "etc" / "hostname").read_bytes() == b"box\n"
+    assert sorted(os.listdir(Path(mnt, "models"))) == ["hard", "model"]  # the two models of /models
     result = stfs_command("info", str(layout))
     assert result.returncode == 0, result.stderr
     warned = result.stderr
@@ -182,7 +183,7 @@ def test_a_gzip_layer_is_read_at_random_after_one_pass(
     after_pass = fetched()
     assert gz["size"] <= after_pass <= 1.1 * gz["size"] + MIB  # the one pass: the blob once
     picks = random.Random(7)
-    with open(Path(mnt, "files", "blob.bin"), "rb") as stream:
+    with open(Path(mnt, "files", "models", "blob.bin"), "rb") as stream:
         for _ in range(200):
             offset = picks.randrange(len(payload))
             count = picks.randrange(1, 3 * MIB)
@@ -197,7 +198,9 @@ def test_a_gzip_layer_is_read_at_random_after_one_pass(
     before = fetched()
     again = mount(f"oci://{blob_redirector.host}/{repo}:v1", options=[f"cache_dir={cache}"])
     offset = len(payload) - 5 * MIB
-    assert Path(again, "files", "blob.bin").read_bytes()[offset : offset + MIB] == payload[offset : offset + MIB]
+    assert (
+        Path(again, "files", "models", "blob.bin").read_bytes()[offset : offset + MIB] == payload[offset : offset + MIB]
+    )
     assert fetched() - before <= 8 * MIB
 
 
@@ -213,7 +216,7 @@ def test_a_spoiled_index_in_the_cache_dir_is_said_and_made_again(tmp_path: Path)
         result = stfs_command("mount", str(layout), str(mnt), "--cache-dir", str(cache))
         try:
             assert result.returncode == 0, result.stderr
-            assert Path(mnt, "files", "model.safetensors").read_bytes() == model
+            assert Path(mnt, "files", "models", "model.safetensors").read_bytes() == model
         finally:
             stfs_command("unmount", str(mnt))
         return result.stderr
@@ -245,7 +248,7 @@ def test_a_store_leaves_out_the_model_it_cannot_read(mount: MountFn, tmp_path: P
     [line] = [line for line in result.stderr.splitlines() if "left out" in line]
     assert str(layout / "blobs" / "sha256" / missing["digest"][7:]) in line
     mnt = mount(str(layout))
-    assert Path(mnt, "files", "good", "model.safetensors").read_bytes() == model  # the one model left, at the root
+    assert Path(mnt, "files", "good", "models", "model.safetensors").read_bytes() == model  # the one model left
     # an Ollama models folder with one blob gone: the other model mounts, the warning names the blob file
     data = gguf_bytes(tmp_path)
     from tests.registry import ollama
@@ -276,7 +279,7 @@ def test_open_source_reads_a_layout_ref_as_its_model(tmp_path: Path) -> None:
     layout = write_oci_layout(tmp_path / "layout", {"a": artifact, "b": artifact})
     source, root = open_source(f"oci:{layout}:b")
     try:
-        assert root == str(layout) and source.read(f"{layout}/model.safetensors", 0, 8) == model[:8]
+        assert root == str(layout) and source.read(f"{layout}/models/model.safetensors", 0, 8) == model[:8]
     finally:
         source.close()
     assert run(["true"]).returncode == 0
@@ -322,7 +325,8 @@ def test_credential_helpers_run_as_docker_runs_them(registry, monkeypatch, mount
         source = f"docker://{host}/{repo}:v1"
         (config / "config.json").write_text(json.dumps({"credsStore": "empty", "credHelpers": {host: "good"}}))
         mnt = mount(source)
-        assert Path(mnt, "files", "model.safetensors").read_bytes() == (tmp_path / "model.safetensors").read_bytes()
+        data = (tmp_path / "model.safetensors").read_bytes()
+        assert Path(mnt, "files", "models", "model.safetensors").read_bytes() == data
         (config / "config.json").write_text(json.dumps({"credsStore": "broken"}))
         failed = stfs_command("info", source)
         assert failed.returncode == 1
@@ -355,19 +359,19 @@ def test_zstd_layers_by_frame_or_whole(mount: MountFn, tmp_path: Path, compress:
     layout = write_oci_layout(tmp_path / "layout", {"v1": image([tar], compress)})
     mnt = mount(str(layout), options=[f"cache_dir={tmp_path / 'cache'}"])
     picks = random.Random(3)
-    with open(Path(mnt, "files", "blob.bin"), "rb") as stream:
+    with open(Path(mnt, "files", "models", "blob.bin"), "rb") as stream:
         for _ in range(50):
             offset, count = picks.randrange(len(payload)), picks.randrange(1, 600_000)
             stream.seek(offset)
             assert stream.read(count) == payload[offset : offset + count]
-    assert Path(mnt, "files", "model.safetensors").read_bytes() == model
+    assert Path(mnt, "files", "models", "model.safetensors").read_bytes() == model
     whole = list((tmp_path / "cache" / "zstd-whole").glob("*.tar"))
     assert len(whole) == (1 if compress == "zstd" else 0)  # one frame: its output kept whole; frames: nothing
     if whole:  # a later open reads the kept output: no pass again
         made = whole[0].stat().st_mtime_ns
         source, root = open_source(str(layout), cache_dir=str(tmp_path / "cache"))
         try:
-            assert source.read(f"{root}/blob.bin", 1000, 5000) == payload[1000:6000]
+            assert source.read(f"{root}/models/blob.bin", 1000, 5000) == payload[1000:6000]
         finally:
             source.close()
         assert whole[0].stat().st_mtime_ns == made and not list(whole[0].parent.glob("*.partial"))
@@ -386,7 +390,7 @@ def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypat
     assert "--cache-dir" in str(refused.value) and "\n" not in str(refused.value)
     source, root = open_source(str(layout), cache_dir=str(tmp_path / "cache"))
     try:
-        assert source.read(f"{root}/b.bin", MIB, 100) == payload[MIB : MIB + 100]
+        assert source.read(f"{root}/models/b.bin", MIB, 100) == payload[MIB : MIB + 100]
     finally:
         source.close()
 

@@ -104,15 +104,15 @@ def _oci_layout(request: pytest.FixtureRequest, folder: Path, files: Files) -> t
 
 
 def _oci_image(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
-    """A container image of two gzip layers (a file the upper one removes), the files under /models, read at random
-    through each layer's one pass."""
+    """A container image of two gzip layers (a file the upper one removes; no /models: the model from its root), read
+    at random through each layer's one pass."""
     from tests.images import image, layer_tar
 
     registry = request.getfixturevalue("registry")
     repo = registry.repo("contract-image")
     names = sorted(files)
-    lower = layer_tar([(f"models/{name}", files[name]) for name in names[:2]] + [("models/gone", b"x")])
-    upper = layer_tar([("models/.wh.gone", b"")] + [(f"models/{name}", files[name]) for name in names[2:]])
+    lower = layer_tar([(name, files[name]) for name in names[:2]] + [("gone", b"x")])
+    upper = layer_tar([(".wh.gone", b"")] + [(name, files[name]) for name in names[2:]])
     push(registry, repo, "v1", image([lower, upper]))
     return open_source(f"oci://{registry.host}/{repo}:v1")
 

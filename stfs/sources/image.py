@@ -18,6 +18,7 @@ from .tar_index import Entry
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 MAX_HOPS = 40  # symbolic links followed for one name, as Linux's ELOOP
+SHOWN = 200  # characters of a name a warning shows
 PATH_MAX = 4096  # a link's target, a name looked up: longer ones name nothing
 MAX_FILES = 1_000_000  # files the tree gives, links to folders included
 MODELS = "models"  # KServe's modelcar convention: the model is under /models
@@ -37,16 +38,16 @@ class ImageError(ValueError):
 
 def image_files(
     layers: Iterable[tuple[str, list[Entry], Callable[[Entry], Piece]]], warn: Callable[[str], None]
-) -> dict[str, Piece]:
+) -> tuple[dict[str, Piece], str | None]:
     """The files of the image whose layers are ``(digest, members, piece of a file member)``, bottom first, by path
-    relative to the model's root: ``/models`` where the image has that folder, else the image's root."""
+    from the image's root; and ``models`` where the image has that folder (the model is looked for there)."""
     root: dict = {}
     for digest, members, piece_of in layers:
         placed = []
         for entry in members:
             path = _normal(entry.path)
             if path is None:
-                warn(f"layer {digest}: member {entry.path!r} is not a path inside the image: left out")
+                warn(f"layer {digest}: member {_shown(entry.path)!r} is not a path inside the image: left out")
                 continue
             parent, _, name = path.rpartition("/")
             if name == OPAQUE:
@@ -61,13 +62,9 @@ def image_files(
                 placed.append((path, entry))
         for path, entry in placed:
             _place(root, path, entry, piece_of, digest, warn)
-    top, where = _lookup(root, MODELS)
     files: dict[str, Piece] = {}
-    if isinstance(top, dict):
-        _flatten(root, top, where, "", files, warn, frozenset())
-    else:
-        _flatten(root, root, "", "", files, warn, frozenset())
-    return files
+    _flatten(root, root, "", "", files, warn, frozenset())
+    return files, MODELS if isinstance(_lookup(root, MODELS)[0], dict) else None
 
 
 def _normal(name: str) -> str | None:
@@ -113,7 +110,10 @@ def _place(
         if isinstance(found, Piece):
             folder[name] = found
         else:
-            warn(f"layer {digest}: hard link {entry.path!r} names {entry.target!r}, no file of the image: left out")
+            warn(
+                f"layer {digest}: hard link {_shown(entry.path)!r} names {_shown(entry.target)!r}, no file of the "
+                "image: left out"
+            )
 
 
 def _lookup(root: dict, path: str, follow_last: bool = True) -> tuple[Node | None, str]:
@@ -170,7 +170,7 @@ def _flatten(
             target = node.target if node.target.startswith("/") else f"{where}/{node.target}"
             resolved, place = _lookup(root, target)
             if resolved is None:
-                warn(f"symbolic link {path!r} -> {node.target!r} names nothing inside the image: left out")
+                warn(f"symbolic link {path!r} -> {_shown(node.target)!r} names nothing inside the image: left out")
                 continue
             node = resolved
         if isinstance(node, dict):
@@ -182,3 +182,8 @@ def _flatten(
             if len(files) >= MAX_FILES:
                 raise ImageError(f"more than {MAX_FILES} files")
             files[path] = node
+
+
+def _shown(name: str) -> str:
+    """A name as a warning shows it: a hostile one can be megabytes long."""
+    return name if len(name) <= SHOWN else name[:SHOWN] + "…"

@@ -37,6 +37,7 @@ class Unpacker:
         self.blob_key = blob_key
         self.cache_folder = cache_folder
         self.decoded: dict[str, GzipLayer | ZstdLayer] = {}
+        self.model_folders: dict[str, str] = {}  # an image's root -> its /models: where its model is looked for
         self.warnings: list[str] = []
 
     def entries(self, layer: Layer, where: str) -> tuple[list[Entry], str]:
@@ -86,11 +87,13 @@ class Unpacker:
         image = [layer for layer in artifact.layers if layer.image]
         if image:
             try:
-                tree = image_files(
+                tree, models = image_files(
                     ((layer.digest, *self._piece_maker(layer, where)) for layer in image), warn := _Warnings(where)
                 )
             except ImageError as exc:
                 raise errors.SourceError(f"{where}: the image is not one stfs can show ({exc})") from None
+            if models is not None:
+                self.model_folders[root] = join_key(root, models)
             self.warnings += warn.lines
             if warn.more:
                 self.warnings.append(f"{where}: {warn.more} more members or links left out likewise")

@@ -42,6 +42,7 @@ class Group:
     metadata: Mapping[str, str]
     warnings: tuple[str, ...] = ()  # layers left out (compressed), said once for the model
     blobs: tuple[tuple[str, str, int], ...] = ()  # the blobs read: (key below, digest, size), checked by check_blobs
+    model_folder: str | None = None  # a container image's /models: its model is looked for there only
 
 
 class Decoded(Protocol):
@@ -174,6 +175,13 @@ class MappedFiles:
         return transfer() if transfer is not None else {"requests": 0, "bytes": 0}
 
     # -- what a store says of its artifacts
+
+    def may_hold_model(self, key: str) -> bool:
+        """Whether discovery may take ``key`` for a model: anywhere, except in a container image that has
+        ``/models`` (KServe's modelcars), where only below it."""
+        group = self.group_of(key)
+        folder = group.model_folder if group is not None else None
+        return folder is None or key.startswith(folder + "/")
 
     def group_of(self, key: str) -> Group | None:
         """The artifact folder that holds ``key``, if any."""

@@ -123,15 +123,20 @@ def open_registry(
         remote.close()
         raise
     metadata = {"oci.digest": artifact.digest, "oci.reference": shown, **artifact.annotations}
-    group = _group(artifact, root, metadata, transport.blob_key, unpacker.warnings)
+    group = _group(artifact, root, metadata, transport.blob_key, unpacker.warnings, unpacker.model_folders.get(root))
     return MappedFiles(remote, files, [group], decoded=unpacker.decoded), root
 
 
 def _group(
-    artifact: Artifact, root: str, metadata: dict[str, str], blob_key: Callable[[str], str], more: list[str]
+    artifact: Artifact,
+    root: str,
+    metadata: dict[str, str],
+    blob_key: Callable[[str], str],
+    more: list[str],
+    model_folder: str | None = None,
 ) -> Group:
     blobs = tuple(dict.fromkeys((blob_key(layer.digest), layer.digest, layer.size) for layer in artifact.layers))
-    return Group(root, metadata, (*artifact.warnings, *more), blobs)
+    return Group(root, metadata, (*artifact.warnings, *more), blobs, model_folder)
 
 
 def follow_to_manifest(fetch: Callable[[str], tuple[bytes, str | None]], reference: str, where: str) -> Artifact:
@@ -215,7 +220,7 @@ class _Store:
         self.files.update(files)
         metadata = {"oci.digest": artifact.digest, "oci.reference": reference, **artifact.annotations}
         more = self.unpacker.warnings[warned:]
-        self.groups.append(_group(artifact, root, metadata, self.blob, more))
+        self.groups.append(_group(artifact, root, metadata, self.blob, more, self.unpacker.model_folders.get(root)))
 
     def _check_blobs(self, artifact: Artifact, where: str) -> None:
         """Every layer's blob is there, at its size: else the model cannot be read, said naming the blob's file."""
