@@ -10,6 +10,7 @@ registry (Debian's docker-registry, CNCF distribution 2.8) on 127.0.0.1. Each ro
   ``ollama pull`` must transfer before the first tensor; the ``oras`` CLI is not packaged for Debian).
 
     python3 benchmarks/bench_oci.py [--size-mib 256] [--rounds 3]
+    python3 benchmarks/bench_oci.py --capped [--size-mib 1024] [--rounds 1]   # benchmarks/bench_oci_capped.py
 
 Prints each round and the medians with ratios (stfs ÷ pull).
 """
@@ -90,7 +91,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--capped", action="store_true", help="issue #50's targets: skopeo copy through 50 MB/s")
     args = parser.parse_args()
+    if args.capped:
+        from benchmarks.bench_oci_capped import run
+
+        return run(args.size_mib, args.rounds)
     with tempfile.TemporaryDirectory(prefix="stfs-bench-oci-") as scratch:
         work = Path(scratch)
         size = args.size_mib * MIB // TENSORS // 4 * 4

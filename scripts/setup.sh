@@ -10,6 +10,8 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
     nginx-light docker-registry man-db \
     squashfuse squashfs-tools  # nginx: the remote tests' HTTP and Hub server; docker-registry: their OCI registry
                                # (tests/registry.py); man-db: man stfs; squashfuse_ll: bench_find.py's peer
+# buildah and skopeo: the container images of tests/test_oci_images.py, built and copied as people do (SPEC §14a)
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq buildah skopeo
 # The package starts its own registry on :5000 where systemd runs; the tests start theirs.
 $SUDO systemctl disable --now docker-registry 2>/dev/null || true
 DS_BUILD_OPS=0 python3 -m pip install -q --disable-pip-version-check -e ".[test]"  # deepspeed: no JIT ops built

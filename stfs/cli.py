@@ -47,7 +47,8 @@ def source_text() -> str:
     return (
         f"a model file ({_listed(files)}), an index ({_listed(indexes)}: the sharded set it names), a folder "
         f"(every model in it; an OCI image layout or Ollama's models folder: every model its manifests name), "
-        f"or an {_listed(URL_SCHEMES)} URL of any of these (oci://HOST/REPO[:TAG]: a model in an OCI registry)"
+        f"or an {_listed(URL_SCHEMES)} URL of any of these (oci://HOST/REPO[:TAG] or docker://…: a model or a "
+        f"container image in an OCI registry; PATH:REF: one manifest of an OCI image layout)"
     )
 
 

@@ -263,7 +263,10 @@ def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:
 def _discover_folder(source: ByteSource, root: str) -> list[ModelSource]:
     indexes: list[str] = []
     files: list[str] = []
+    may_hold_model = getattr(source, "may_hold_model", None)  # a store's: a container image's model is in /models
     for key in source.walk(root):
+        if may_hold_model is not None and not may_hold_model(key):
+            continue
         name = base_name(key)
         if name.endswith(INDEX_SUFFIXES):
             indexes.append(key)

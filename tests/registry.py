@@ -490,16 +490,19 @@ def write_ollama_models(folder: Path, models: dict[str, Artifact]) -> Path:
 # --- the registry -----------------------------------------------------------------------------------------
 
 
+HTTP_TIMEOUT = 10.0  # seconds a push helper's request may take (a benchmark pushing a GiB gives more)
+
+
 def _http(
     url: str,
     method: str = "GET",
     headers: dict[str, str] | None = None,
     body: bytes | None = None,
-    timeout: float = 10.0,
+    timeout: float | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
     """One request on its own connection: (status, headers with lower-case names, body)."""
     parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname or LOCALHOST, parts.port, timeout=timeout)
+    connection = http.client.HTTPConnection(parts.hostname or LOCALHOST, parts.port, timeout=timeout or HTTP_TIMEOUT)
     try:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         connection.request(method, target, body=body, headers=headers or {})

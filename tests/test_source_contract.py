@@ -103,6 +103,20 @@ def _oci_layout(request: pytest.FixtureRequest, folder: Path, files: Files) -> t
     return open_source(str(folder))
 
 
+def _oci_image(request: pytest.FixtureRequest, folder: Path, files: Files) -> tuple[ByteSource, str]:
+    """A container image of two gzip layers (a file the upper one removes; no /models: the model from its root), read
+    at random through each layer's one pass."""
+    from tests.images import image, layer_tar
+
+    registry = request.getfixturevalue("registry")
+    repo = registry.repo("contract-image")
+    names = sorted(files)
+    lower = layer_tar([(name, files[name]) for name in names[:2]] + [("gone", b"x")])
+    upper = layer_tar([(".wh.gone", b"")] + [(name, files[name]) for name in names[2:]])
+    push(registry, repo, "v1", image([lower, upper]))
+    return open_source(f"oci://{registry.host}/{repo}:v1")
+
+
 SETUPS = [
     Setup("local", _local),
     Setup("s3", _s3),
@@ -111,6 +125,7 @@ SETUPS = [
     Setup("oci", _oci),
     Setup("oci-tar", _oci_tar),
     Setup("oci-layout", _oci_layout),
+    Setup("oci-image", _oci_image),
 ]
 
 FILES: Files = {

@@ -21,6 +21,8 @@ from typing import Protocol, runtime_checkable
 
 PAGE = 4096
 URL_SCHEMES = ("http://", "https://", "s3://", "hf://", "oci://")
+# Other spellings of those (``named_source`` rewrites them): skopeo's and podman's registry reference, docker://.
+SCHEME_ALIASES = {"docker": "oci"}
 DEFAULT_CACHE_SIZE = 1 << 30  # remote sources: fetched blocks kept in memory
 DEFAULT_TIMEOUT = 30.0  # remote sources: seconds before a read gives up
 

@@ -10,8 +10,10 @@ blob's descriptor (local), or from the block cache its source shares (remote).
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .base import ByteSource, FileInfo, Kind, SharedBlocks
 
@@ -40,10 +42,22 @@ class Group:
     metadata: Mapping[str, str]
     warnings: tuple[str, ...] = ()  # layers left out (compressed), said once for the model
     blobs: tuple[tuple[str, str, int], ...] = ()  # the blobs read: (key below, digest, size), checked by check_blobs
+    model_folder: str | None = None  # a container image's /models: its model is looked for there only
+
+
+class Decoded(Protocol):
+    """The decompressed stream of a blob of the source below (a gzip layer's): ``key`` is the blob's."""
+
+    key: str
+
+    def read_at(self, offset: int, count: int) -> bytes: ...
+
+    def close(self) -> None: ...
 
 
 class MappedFiles:
-    """A ``ByteSource`` of named files (``files``: key -> ``Piece``) read from ``below``."""
+    """A ``ByteSource`` of named files (``files``: key -> ``Piece``) read from ``below``, or from one of ``decoded``
+    where a piece's key is one of those (a compressed layer's members are ranges of its decompressed stream)."""
 
     def __init__(
         self,
@@ -51,8 +65,10 @@ class MappedFiles:
         files: Mapping[str, Piece],
         groups: list[Group] | None = None,
         named_models: bool = False,
+        decoded: Mapping[str, Decoded] | None = None,
     ) -> None:
         self.below = below
+        self.decoded = dict(decoded or {})
         # a store whose models keep their folders even alone (Ollama's: the next pull does not move the first model)
         self.named_models = named_models
         self.files = dict(files)
@@ -94,13 +110,19 @@ class MappedFiles:
 
     def stat(self, key: str) -> FileInfo:
         piece = self._piece(key)
-        info = self.below.stat(piece.key)
+        decoded = self.decoded.get(piece.key)
+        info = self.below.stat(decoded.key if decoded is not None else piece.key)
         return FileInfo(key=key, size=piece.size, mtime_ns=info.mtime_ns, version=f"{info.version}@{piece.offset}")
 
     def read(self, key: str, offset: int, size: int) -> bytes:
         piece = self._piece(key)
         size = min(size, piece.size - offset)
-        return self.below.read(piece.key, piece.offset + offset, size) if size > 0 and offset >= 0 else b""
+        if size <= 0 or offset < 0:
+            return b""
+        decoded = self.decoded.get(piece.key)
+        if decoded is not None:
+            return decoded.read_at(piece.offset + offset, size)
+        return self.below.read(piece.key, piece.offset + offset, size)
 
     def read_into(self, key: str, offset: int, buffer: memoryview, span: tuple[int, int] | None = None) -> int:
         piece = self._piece(key)
@@ -108,6 +130,11 @@ class MappedFiles:
         count = max(0, min(len(view), piece.size - offset))
         if count == 0:
             return 0
+        decoded = self.decoded.get(piece.key)
+        if decoded is not None:
+            data = decoded.read_at(piece.offset + offset, count)
+            view[: len(data)] = data
+            return len(data)
         return self.below.read_into(piece.key, piece.offset + offset, view[:count], self._span(piece, span))
 
     def splice_into(self, key: str, offset: int, count: int, pipe: int, span: tuple[int, int] | None = None) -> int:
@@ -115,11 +142,19 @@ class MappedFiles:
         count = max(0, min(count, piece.size - offset))
         if count == 0:
             return 0
+        decoded = self.decoded.get(piece.key)
+        if decoded is not None:  # decompressed bytes have no pages to lend: written into the pipe
+            data = decoded.read_at(piece.offset + offset, count)
+            try:
+                return os.write(pipe, data)
+            except BlockingIOError:
+                return 0
         splice = self.below.splice_into  # type: ignore[attr-defined]
         return int(splice(piece.key, piece.offset + offset, count, pipe, self._span(piece, span)))
 
     def changed(self) -> list[str]:
         changed = set(self.below.changed())
+        changed |= {key for key, decoded in self.decoded.items() if decoded.key in changed}
         return sorted(key for key, piece in self.files.items() if piece.key in changed)
 
     def listed_sha256(self, key: str) -> str | None:
@@ -130,6 +165,8 @@ class MappedFiles:
         return self.below.warnings
 
     def close(self) -> None:
+        for decoded in self.decoded.values():
+            decoded.close()
         self.below.close()
 
     def transfer(self) -> dict[str, int]:
@@ -138,6 +175,13 @@ class MappedFiles:
         return transfer() if transfer is not None else {"requests": 0, "bytes": 0}
 
     # -- what a store says of its artifacts
+
+    def may_hold_model(self, key: str) -> bool:
+        """Whether discovery may take ``key`` for a model: anywhere, except in a container image that has
+        ``/models`` (KServe's modelcars), where only below it."""
+        group = self.group_of(key)
+        folder = group.model_folder if group is not None else None
+        return folder is None or key.startswith(folder + "/")
 
     def group_of(self, key: str) -> Group | None:
         """The artifact folder that holds ``key``, if any."""

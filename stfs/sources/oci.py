@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, ByteSource, Kind, join_key
+from .layers import Unpacker
 from .mapped import Group, MappedFiles, Piece
 from .oci_artifact import (
     ACCEPT,
@@ -28,13 +29,11 @@ from .oci_artifact import (
     check_digest,
     choose_manifest,
     media_type_of,
-    member_path,
     parse_json,
     read_manifest,
 )
 from .registry import BlobClient, Registry, parse_reference
 from .remote import RemoteFiles
-from .tar_index import TarIndexError, members
 from .transport import Listing, Transport
 
 log = logging.getLogger(__name__)
@@ -116,18 +115,28 @@ def open_registry(
         prefault=ranges_required,
     )
     root = reference.pinned(artifact.digest)
+    unpacker = Unpacker(remote, transport.blob_key, disk.folder if disk is not None else None)
     try:
-        files = artifact_files(artifact, root, transport.blob_key, remote.read, shown)
+        files = unpacker.files(artifact, root, shown)
     except BaseException:
+        unpacker.close()
         remote.close()
         raise
     metadata = {"oci.digest": artifact.digest, "oci.reference": shown, **artifact.annotations}
-    return MappedFiles(remote, files, [_group(artifact, root, metadata, transport.blob_key)]), root
+    group = _group(artifact, root, metadata, transport.blob_key, unpacker.warnings, unpacker.model_folders.get(root))
+    return MappedFiles(remote, files, [group], decoded=unpacker.decoded), root
 
 
-def _group(artifact: Artifact, root: str, metadata: dict[str, str], blob_key: Callable[[str], str]) -> Group:
+def _group(
+    artifact: Artifact,
+    root: str,
+    metadata: dict[str, str],
+    blob_key: Callable[[str], str],
+    more: list[str],
+    model_folder: str | None = None,
+) -> Group:
     blobs = tuple(dict.fromkeys((blob_key(layer.digest), layer.digest, layer.size) for layer in artifact.layers))
-    return Group(root, metadata, artifact.warnings, blobs)
+    return Group(root, metadata, (*artifact.warnings, *more), blobs, model_folder)
 
 
 def follow_to_manifest(fetch: Callable[[str], tuple[bytes, str | None]], reference: str, where: str) -> Artifact:
@@ -148,47 +157,6 @@ def follow_to_manifest(fetch: Callable[[str], tuple[bytes, str | None]], referen
     raise errors.SourceError(f"{where}: image indexes nested more than {MAX_INDEX_DEPTH} deep")
 
 
-def artifact_files(
-    artifact: Artifact,
-    root: str,
-    blob_key: Callable[[str], str],
-    read: Callable[[str, int, int], bytes],
-    where: str,
-) -> dict[str, Piece]:
-    """The files of ``artifact`` as keys below ``root``: each layer a file, an unpacked tar's members each one (its
-    headers read through ``read(blob key, offset, size)``); a ``SourceError`` where two take one path."""
-    files: dict[str, Piece] = {}
-    origin: dict[str, str] = {}
-    for layer in artifact.layers:
-        key = blob_key(layer.digest)
-        if not layer.unpack:
-            placed = [(layer.name, Piece(key, 0, layer.size, whole=True, sha256=layer.digest.partition(":")[2]))]
-        else:
-            try:
-                found = members(lambda offset, size, key=key: read(key, offset, size), layer.size)  # type: ignore[misc]
-            except TarIndexError as exc:
-                raise errors.SourceError(f"{where}: layer {layer.digest} is not a tar stfs can read ({exc})") from None
-            except OSError as exc:
-                raise errors.SourceError(f"{where}: layer {layer.digest}: cannot read: {exc}") from None
-            placed = []
-            for member in found:
-                path = member_path(layer, member.path)
-                if path is None:
-                    log.warning("%s: layer %s: member %r is outside the model: left out", where, layer.digest, member)
-                    continue
-                placed.append((path, Piece(key, member.offset, member.size)))
-        for path, piece in placed:
-            if path in origin:
-                raise errors.SourceError(f"{where}: {path!r} is in both layer {origin[path]} and layer {layer.digest}")
-            origin[path] = layer.digest
-            files[join_key(root, path)] = piece
-    folders = {key.rsplit("/", 1)[0] for key in files}
-    for key in files:
-        if key in folders:
-            raise errors.SourceError(f"{where}: {key[len(root) + 1 :]!r} is both a file and a folder of the artifact")
-    return files
-
-
 def _mtime_ns(created: str | None) -> int:
     if not created:
         return 0
@@ -201,50 +169,120 @@ def _mtime_ns(created: str | None) -> int:
 # -- local stores of the same shape ---------------------------------------------------------------------------------
 
 
-def open_local_store(path: str, local: ByteSource) -> tuple[MappedFiles, str] | None:
-    """An OCI image layout folder, an Ollama models folder (or its ``manifests/``), or one of its manifest files, as
-    the folder of files its artifacts make (blobs read in place from ``local``); ``None`` for any other path."""
+def open_local_store(
+    path: str, local: ByteSource, ref: str | None = None, cache_folder: str | None = None
+) -> tuple[MappedFiles, str] | None:
+    """An OCI image layout folder (``ref``: only its manifest of that ``org.opencontainers.image.ref.name``), an
+    Ollama models folder (or its ``manifests/``), or one of its manifest files, as the folder of files its artifacts
+    make (blobs read in place from ``local``; gzip indexes kept below ``cache_folder``); ``None`` for any other
+    path. In a store of several models, one that cannot be read is left out with a warning."""
     path = os.path.abspath(path)
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "oci-layout")):
-        return _oci_layout(path, local)
+        return _oci_layout(path, local, ref, cache_folder)
+    if ref is not None:
+        raise errors.SourceError(f"{path}:{ref}: {path} is not an OCI image layout folder (no oci-layout file)")
     ollama = _ollama_root(path)
     if ollama is None:
         return None
     if os.path.isfile(path):
-        return _ollama(ollama, local, [path], single=True)
+        return _ollama(ollama, local, [path], True, cache_folder)
     manifests = _walk_files(os.path.join(ollama, "manifests"))
     if not manifests:
         raise errors.SourceError(f"{path}: an Ollama models folder with no manifest in manifests/")
-    return _ollama(ollama, local, manifests, single=False)
+    return _ollama(ollama, local, manifests, False, cache_folder)
 
 
-def _oci_layout(folder: str, local: ByteSource) -> tuple[MappedFiles, str]:
+class _Store:
+    """The models of a local store gathered one by one; one that cannot be read is left out with a warning when
+    the store has others."""
+
+    def __init__(self, local: ByteSource, blob: Callable[[str], str], cache_folder: str | None, many: bool) -> None:
+        self.local = local
+        self.blob = blob
+        self.many = many
+        self.unpacker = Unpacker(local, blob, cache_folder)
+        self.groups: list[Group] = []
+        self.files: dict[str, Piece] = {}
+        self.left_out: list[str] = []
+
+    def add(self, read: Callable[[], Artifact], root: str, reference: str, where: str) -> None:
+        warned = len(self.unpacker.warnings)
+        try:
+            artifact = read()
+            self._check_blobs(artifact, where)
+            files = self.unpacker.files(artifact, root, where)
+        except errors.SourceError as exc:
+            if not self.many:
+                raise
+            del self.unpacker.warnings[warned:]
+            self.left_out.append(f"{exc}: left out")
+            return
+        self.files.update(files)
+        metadata = {"oci.digest": artifact.digest, "oci.reference": reference, **artifact.annotations}
+        more = self.unpacker.warnings[warned:]
+        self.groups.append(_group(artifact, root, metadata, self.blob, more, self.unpacker.model_folders.get(root)))
+
+    def _check_blobs(self, artifact: Artifact, where: str) -> None:
+        """Every layer's blob is there, at its size: else the model cannot be read, said naming the blob's file."""
+        for layer in artifact.layers:
+            path = self.blob(layer.digest)
+            try:
+                size = os.stat(path).st_size
+            except OSError as exc:
+                raise errors.SourceError(f"{path}: {exc.strerror or exc} (layer {layer.digest} of {where})") from None
+            if size != layer.size:
+                raise errors.SourceError(f"{path}: {size} bytes, not the {layer.size} its manifest says ({where})")
+
+    def mapped(self, where: str, named_models: bool = False) -> MappedFiles:
+        if not self.groups:
+            self.unpacker.close()
+            raise errors.SourceError(f"{where}: no model of the store can be read ({'; '.join(self.left_out)})")
+        for line in self.left_out:
+            log.warning("%s", line)
+        return MappedFiles(
+            self.local,
+            self.files,
+            self.groups,
+            named_models=named_models,
+            decoded=self.unpacker.decoded,
+        )
+
+
+def _oci_layout(folder: str, local: ByteSource, ref: str | None, cache_folder: str | None) -> tuple[MappedFiles, str]:
     index_path = os.path.join(folder, "index.json")
     document = parse_json(_read_file(index_path), index_path)
     entries = [entry for entry in document.get("manifests") or [] if isinstance(entry, dict)]
     if not entries:
         raise errors.SourceError(f"{index_path}: the OCI layout lists no manifest")
+    if ref is not None:
+        chosen = [entry for entry in entries if (entry.get("annotations") or {}).get(REF_NAME) == ref]
+        if not chosen:
+            there = sorted(str((entry.get("annotations") or {}).get(REF_NAME)) for entry in entries)
+            raise errors.SourceError(
+                f"{folder}:{ref}: no manifest named {ref!r} in the OCI layout (it has: {', '.join(there)})"
+            )
+        entries = chosen[:1]
 
     def blob(digest: str) -> str:
         return os.path.join(folder, "blobs", "sha256", digest.partition(":")[2])
 
-    groups: list[Group] = []
-    files: dict[str, Piece] = {}
+    store = _Store(local, blob, cache_folder, many=len(entries) > 1)
     named: dict[str, str] = {}
     for entry in entries:
         digest = check_digest(entry.get("digest"), index_path)
-        ref = str((entry.get("annotations") or {}).get(REF_NAME) or "") or f"sha256-{digest[7:19]}"
-        where = f"{folder} ({ref})"
-        artifact = follow_to_manifest(lambda name: (_read_file(blob(name)), None), digest, where)
-        name = _safe_name(ref, where)
+        name = str((entry.get("annotations") or {}).get(REF_NAME) or "") or f"sha256-{digest[7:19]}"
+        where = f"{folder} ({name})"
+        name = _safe_name(name, where)
         if name in named:
             raise errors.SourceError(f"{index_path}: two manifests are named {name!r}")
         named[name] = digest
         root = folder if len(entries) == 1 else join_key(folder, name)
-        files.update(artifact_files(artifact, root, blob, local.read, where))
-        metadata = {"oci.digest": artifact.digest, "oci.reference": ref, **artifact.annotations}
-        groups.append(_group(artifact, root, metadata, blob))
-    return MappedFiles(local, files, groups), folder
+
+        def read(digest: str = digest, where: str = where) -> Artifact:
+            return follow_to_manifest(lambda wanted: (_read_file(blob(wanted)), None), digest, where)
+
+        store.add(read, root, name, where)
+    return store.mapped(folder), folder
 
 
 def _ollama_root(path: str) -> str | None:
@@ -268,30 +306,31 @@ def _ollama_root(path: str) -> str | None:
         here = parent
 
 
-def _ollama(folder: str, local: ByteSource, manifests: list[str], single: bool) -> tuple[MappedFiles, str]:
+def _ollama(
+    folder: str, local: ByteSource, manifests: list[str], single: bool, cache_folder: str | None
+) -> tuple[MappedFiles, str]:
     """The models of ``manifests`` (files below ``folder``'s ``manifests/``), each in a folder ``NAMESPACE/MODEL:TAG``
     below ``folder``; ``single``: the one manifest SOURCE named, its model at its own path."""
 
     def blob(digest: str) -> str:
         return os.path.join(folder, "blobs", "sha256-" + digest.partition(":")[2])
 
-    groups: list[Group] = []
-    files: dict[str, Piece] = {}
+    store = _Store(local, blob, cache_folder, many=not single)
     for manifest in manifests:
         parts = os.path.relpath(manifest, os.path.join(folder, "manifests")).split(os.sep)
         if len(parts) != 4:
             raise errors.SourceError(f"{manifest}: not manifests/HOST/NAMESPACE/MODEL/TAG of an Ollama models folder")
         host, namespace, model, tag = parts
         name = f"{namespace}/{model}:{tag}" if host == OLLAMA_HOST else f"{host}/{namespace}/{model}:{tag}"
-        body = _read_file(manifest)
-        digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        document = parse_json(body, manifest)
-        artifact = read_manifest(document, digest, media_type_of(document, None), manifest)
-        root = manifest if single else join_key(folder, name)
-        files.update(artifact_files(artifact, root, blob, local.read, manifest))
-        metadata = {"oci.digest": digest, "oci.reference": name, **artifact.annotations}
-        groups.append(_group(artifact, root, metadata, blob))
-    return MappedFiles(local, files, groups, named_models=not single), manifests[0] if single else folder
+
+        def read(manifest: str = manifest) -> Artifact:
+            body = _read_file(manifest)
+            document = parse_json(body, manifest)
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
+            return read_manifest(document, digest, media_type_of(document, None), manifest)
+
+        store.add(read, manifest if single else join_key(folder, name), name, manifest)
+    return store.mapped(folder, named_models=not single), manifests[0] if single else folder
 
 
 def _read_file(path: str) -> bytes:

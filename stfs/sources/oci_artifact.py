@@ -4,7 +4,10 @@ A layer is a file of the model, named by ModelPack's ``org.cncf.model.filepath``
 ``org.opencontainers.image.title``, else by its media type (Ollama's and Docker Model Runner's weights), else
 ``blobs/sha256-HEX``. An uncompressed tar layer that ModelPack types as one, or that ORAS marks
 ``io.deis.oras.content.unpack``, is unpacked in place (``Layer.unpack``; its members are indexed by
-``stfs.sources.tar_index``). A compressed layer cannot be read at random: it is left out with a warning.
+``stfs.sources.tar_index``), a gzip'd one read at random after one pass (``stfs.sources.gzip_layer``). A
+manifest whose config is an image config and whose layers are untitled image layers is a container image
+(``Layer.image``): its layers make one filesystem (``stfs.sources.image``). Other compressed layers are left out
+with a warning.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ NAMED_BY_TYPE = {
 DOCKER_AI_GGUF = "application/vnd.docker.ai.gguf."
 MODELPACK_LAYER = re.compile(r"^application/vnd\.cncf\.model\.[a-z.]+\.v1\.(raw|tar)(\+[a-z0-9]+)?$")
 COMPRESSED = re.compile(r"(\+|\.)(gzip|zstd|gz|bzip2|xz)$")
+IMAGE_CONFIGS = ("application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json")
+IMAGE_LAYER = re.compile(
+    r"^application/vnd\.(oci\.image\.layer\.v1\.tar|docker\.image\.rootfs\.diff\.tar)(\+gzip|\+zstd|\.gzip)?$"
+)
+READ_COMPRESSED = ("gzip", "zstd")  # compressions of tar layers read at random
 DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 
 
@@ -53,6 +61,8 @@ class Layer:
     media_type: str
     name: str
     unpack: bool = False
+    compression: str = ""  # "gzip", "zstd": a compressed tar
+    image: bool = False  # a container image's layer: applied over the ones before it
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +142,12 @@ def read_manifest(document: dict, digest: str, media_type: str, where: str, conf
     """The ``Artifact`` a manifest describes; a ``SourceError`` naming ``where`` if no layer is one stfs reads."""
     layers: list[Layer] = []
     warnings: list[str] = []
+    config_type = (document.get("config") or {}).get("mediaType") if isinstance(document.get("config"), dict) else None
+    image = config_type in IMAGE_CONFIGS
     for number, layer in enumerate(document.get("layers") or []):
         if not isinstance(layer, dict):
             raise errors.SourceError(f"{where}: layer {number} is not a JSON object")
-        made = _layer(layer, number, where, warnings)
+        made = _layer(layer, number, where, warnings, image)
         if made is not None:
             layers.append(made)
     if not layers:
@@ -149,7 +161,15 @@ def _why(warnings: list[str]) -> str:
     return f" ({'; '.join(warnings)})" if warnings else ""
 
 
-def _layer(layer: dict, number: int, where: str, warnings: list[str]) -> Layer | None:
+def compression_of(media_type: str) -> str:
+    """``gzip``, ``zstd``, another compression's name, or ``""`` for an uncompressed media type."""
+    found = COMPRESSED.search(media_type)
+    if found is None:
+        return ""
+    return {"gz": "gzip"}.get(found.group(2), found.group(2))
+
+
+def _layer(layer: dict, number: int, where: str, warnings: list[str], image: bool) -> Layer | None:
     digest = check_digest(layer.get("digest"), f"{where}: layer {number}")
     size = layer.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -159,13 +179,26 @@ def _layer(layer: dict, number: int, where: str, warnings: list[str]) -> Layer |
     named = annotations.get(FILEPATH) or annotations.get(TITLE)
     modelpack = MODELPACK_LAYER.match(media_type)
     tar = (modelpack is not None and modelpack.group(1) == "tar") or str(annotations.get(UNPACK)).lower() == "true"
-    if COMPRESSED.search(media_type) or (tar and media_type.endswith("gzip")):
-        warnings.append(f"layer {digest} ({named or media_type}) is compressed ({media_type}): left out")
+    compression = compression_of(media_type)
+    if image and not named and IMAGE_LAYER.match(media_type):
+        tar = True
+    elif compression and not tar:
+        warnings.append(
+            f"layer {digest} ({named or media_type}) is a compressed file, not a tar: left out "
+            "(push the file uncompressed, or in a tar layer)"
+        )
+        return None
+    if compression and compression not in READ_COMPRESSED:
+        warnings.append(
+            f"layer {digest} ({named or media_type}): stfs reads no {compression} layer: left out "
+            "(copy the image with gzip or uncompressed layers: skopeo copy --dest-compress-format gzip)"
+        )
         return None
     if tar:
         # ModelPack's tar holds its files at their paths from the model's root; ORAS's, below its title
-        base = "" if modelpack is not None else _checked_name(str(named or ""), digest, where, allow_empty=True)
-        return Layer(digest, size, media_type, base, unpack=True)
+        base = "" if modelpack is not None or image else _checked_name(str(named or ""), digest, where, True)
+        is_image = image and not named and IMAGE_LAYER.match(media_type) is not None
+        return Layer(digest, size, media_type, base, unpack=True, compression=compression, image=is_image)
     if not named:
         named = NAMED_BY_TYPE.get(media_type)
         if named is None and media_type.startswith(DOCKER_AI_GGUF):

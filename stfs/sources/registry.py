@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -156,8 +157,14 @@ def auth_files() -> list[str]:
     return files
 
 
+class HelperError(AuthError):
+    """A credential helper that failed (the message names it and the host, never what it printed)."""
+
+
 def credentials_for(host: str) -> Credentials | None:
-    """The credentials the first auth file holds for ``host`` (Docker Hub under its other names too), or ``None``."""
+    """The credentials for ``host`` (Docker Hub under its other names too) from the first auth file that has some:
+    its credential helper's (``credHelpers`` for the host, else ``credsStore``), as docker runs them, else its
+    ``auths`` entry; ``None`` where none has any. A helper that fails is a ``HelperError``."""
     wanted = DOCKER_HUB_KEYS if host == DOCKER_HUB else (host,)
     for path in auth_files():
         try:
@@ -165,7 +172,16 @@ def credentials_for(host: str) -> Credentials | None:
                 document = json.load(stream)
         except (OSError, ValueError):
             continue
-        auths = document.get("auths") if isinstance(document, dict) else None
+        if not isinstance(document, dict):
+            continue
+        helpers = document.get("credHelpers")
+        helper = next((helpers[key] for key in wanted if key in helpers), None) if isinstance(helpers, dict) else None
+        helper = helper or document.get("credsStore")
+        if isinstance(helper, str) and helper:
+            found = _from_helper(helper, host, path)
+            if found is not None:
+                return found
+        auths = document.get("auths")
         if not isinstance(auths, dict):
             continue
         for key, entry in auths.items():
@@ -174,6 +190,38 @@ def credentials_for(host: str) -> Credentials | None:
                 if found is not None:
                     return found
     return None
+
+
+HELPER_TIMEOUT = 30.0  # seconds a credential helper may take (a keychain may ask its user)
+NOT_FOUND = "credentials not found"  # what docker's helpers print for a server they hold nothing for
+
+
+def _from_helper(name: str, host: str, path: str) -> Credentials | None:
+    """``docker-credential-NAME get`` with the server on standard input, as docker runs it: its JSON ``Username``
+    and ``Secret``; ``None`` where it holds nothing for the server."""
+    program = f"docker-credential-{name}"
+    server = DOCKER_HUB_KEYS[0] if host == DOCKER_HUB else host
+    where = f"{host}: the credential helper {program} (named in {path})"
+    try:
+        done = subprocess.run(
+            [program, "get"], input=server.encode(), capture_output=True, timeout=HELPER_TIMEOUT, check=False
+        )
+    except FileNotFoundError:
+        raise HelperError(f"{where} is not installed (not on PATH)") from None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HelperError(f"{where} did not run: {type(exc).__name__}") from None
+    if done.returncode != 0:
+        if NOT_FOUND in done.stdout.decode(errors="replace").lower():
+            return None
+        raise HelperError(f"{where} failed (exit status {done.returncode})")
+    try:
+        answer = json.loads(done.stdout)
+        user, secret = answer["Username"], answer["Secret"]
+        if not isinstance(user, str) or not isinstance(secret, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise HelperError(f"{where} answered something else than its JSON Username and Secret") from None
+    return Credentials(user, secret, program)
 
 
 def _auth_key(key: str) -> str:
@@ -212,7 +260,11 @@ class Registry:
         self.reference = reference
         self.timeout = timeout
         self.requests = 0  # manifests, tokens and HEADs: what ``transfer`` counts besides the ranges
-        self._credentials = credentials_for(reference.host)
+        self._helper_error: HelperError | None = None
+        try:
+            self._credentials = credentials_for(reference.host)
+        except HelperError as exc:  # said where the registry asks for credentials: an open one needs none
+            self._credentials, self._helper_error = None, exc
         self._authorization: str | None = None
         self._renew_at = float("inf")
         self._bearer: dict[str, str] | None = None  # the challenge's realm, service and scope, for renewals
@@ -342,6 +394,8 @@ class Registry:
         )
 
     def _where_credentials(self) -> str:
+        if self._helper_error is not None:
+            return str(self._helper_error).partition(": ")[2]
         return f"none found for it in {', '.join(auth_files())} (docker login, podman login or oras login write them)"
 
     # -- manifests and blobs

@@ -1,19 +1,21 @@
-"""The regular members of an uncompressed tar, found by reading its headers only: each a range of the archive.
+"""The members of a tar, found by reading its headers only: each a range of the archive.
 
 Python's ``tarfile`` parses the headers (ustar, GNU long names, PAX records) from a file object that reads the
 archive in windows of ``WINDOW`` bytes on demand (a Range request each, for a registry's blob) and seeks over
-member data without reading it. A member's bytes are ``[offset, offset + size)`` of the archive.
+member data without reading it. A member's bytes are ``[offset, offset + size)`` of the archive. ``entries``
+reads any seekable file object (a gzip layer's decompressed stream too) and keeps folders and links as well.
 """
 
 from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 WINDOW = 256 << 10  # bytes read at once: a run of small members' headers comes in one request
-MAX_MEMBERS = 1_000_000
+MAX_MEMBERS = 200_000  # members of one archive: their list stays in memory (a whole OS image has ~50,000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,19 @@ class Member:
     offset: int
     size: int
     mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A member of any kind stfs keeps: ``kind`` is ``file``, ``folder``, ``hardlink`` or ``symlink`` (``target``
+    the link's name as stored); a file's bytes are ``[offset, offset + size)`` of the archive's stream."""
+
+    path: str
+    kind: str
+    offset: int = 0
+    size: int = 0
+    mtime: float = 0.0
+    target: str = ""
 
 
 class TarIndexError(ValueError):
@@ -73,17 +88,36 @@ class _RangeFile(io.RawIOBase):
 
 def members(read: Callable[[int, int], bytes], size: int) -> list[Member]:
     """The regular members of the tar archive of ``size`` bytes that ``read(offset, count)`` reads, in order."""
-    found: list[Member] = []
+    stream = io.BufferedReader(_RangeFile(read, size))
+    return [
+        Member(entry.path, entry.offset, entry.size, entry.mtime)
+        for entry in entries(stream, size, MAX_MEMBERS)
+        if entry.kind == "file"
+    ]
+
+
+def entries(stream: BinaryIO, end: int, max_members: int, past: str = "") -> Iterator[Entry]:
+    """The members of the tar archive ``stream`` holds (files, folders, hard and symbolic links; devices and the
+    data of sparse files left out), in order; a ``TarIndexError`` where a member ends past ``end`` or there are
+    more than ``max_members`` (``past``: what to say instead of "ends past the archive"). The caller reads
+    ``stream`` no further than the members' headers and data."""
+    count = 0
     try:
-        with tarfile.open(fileobj=io.BufferedReader(_RangeFile(read, size)), mode="r:") as archive:
-            for info in archive:
-                if len(found) >= MAX_MEMBERS:
-                    raise TarIndexError(f"more than {MAX_MEMBERS} members")
-                if not info.isreg() or info.sparse is not None:
-                    continue  # folders, links, devices; a sparse file's data is not its bytes
-                if info.offset_data + info.size > size:
-                    raise TarIndexError(f"member {info.name!r} ends past the archive")
-                found.append(Member(info.name, info.offset_data, info.size, float(info.mtime)))
+        with tarfile.open(fileobj=stream, mode="r:") as archive:
+            while (info := archive.next()) is not None:
+                count += 1
+                if count > max_members:
+                    raise TarIndexError(f"more than {max_members} members")
+                if info.offset_data + info.size > end:
+                    raise TarIndexError(f"member {info.name!r} ends past " + (past or "the archive"))
+                archive.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every member it reads: a million of them would stay
+                if info.isreg() and info.sparse is None:
+                    yield Entry(info.name, "file", info.offset_data, info.size, float(info.mtime))
+                elif info.isdir():
+                    yield Entry(info.name, "folder", mtime=float(info.mtime))
+                elif info.islnk():
+                    yield Entry(info.name, "hardlink", target=info.linkname)
+                elif info.issym():
+                    yield Entry(info.name, "symlink", target=info.linkname)
     except tarfile.TarError as exc:
         raise TarIndexError(str(exc) or type(exc).__name__) from None
-    return found

@@ -1,0 +1,277 @@
+"""A zstd'd tar layer (SPEC §14a): read at random by its frames, or read whole once when it is one large frame.
+
+One pass streams the blob from its start (through the source below: block cache, readahead) and decompresses it
+frame by frame, noting where each frame starts in the blob and in the output, while the tar's members are listed.
+A layer of frames no larger than ``FRAME_MAX`` of output (zstd:chunked, the seekable format) is then read by
+frame: a read decompresses the frames it covers, the last few kept. A layer with a larger frame (what ``zstd`` and
+most tools write: one frame) cannot be entered in the middle, so its output is kept whole as the pass makes it: in
+``--cache-dir`` (by the blob's digest, kept for later mounts) or in memory up to ``MEMORY_MAX``; past that it is
+refused in one line naming ``--cache-dir``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import BinaryIO
+
+from .gzip_layer import MAX_RATIO, SLACK
+from .tar_index import MAX_MEMBERS, Entry, TarIndexError, entries
+
+FRAME_MAX = 16 << 20  # frames up to this much output are read one by one; a larger one makes the layer read whole
+MEMORY_MAX = 256 << 20  # output kept in memory at most (a layer read whole without --cache-dir)
+FRAMES_KEPT = 4
+READ = 1 << 20
+FOLDER = "zstd-whole"
+
+
+class ZstdLayer:
+    """The decompressed stream of the zstd blob ``key`` (``size`` bytes) that ``read(key, offset, count)`` reads;
+    ``scan()`` makes the pass and gives the tar's members, ``read_at`` its bytes."""
+
+    def __init__(
+        self,
+        read: Callable[[str, int, int], bytes],
+        key: str,
+        size: int,
+        digest: str,
+        cache_folder: str | None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.key = key
+        self.size = size
+        self.digest = digest
+        self._read = read
+        self._folder = os.path.join(cache_folder, FOLDER) if cache_folder else None
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._frames: list[tuple[int, int, int, int]] = []  # (output start, output end, blob start, blob end)
+        self._starts: list[int] = []
+        self._kept: OrderedDict[int, bytes] = OrderedDict()
+        self._whole: BinaryIO | None = None
+        self.warnings: list[str] = []
+
+    def scan(self) -> list[Entry]:
+        import zstandard
+
+        kept = self._kept_path()
+        if kept is not None and os.path.exists(kept):
+            reused = self._reuse(kept)
+            if reused is not None:
+                return reused
+        partial = f"{kept}.{os.getpid()}.partial" if kept else None
+        spool: BinaryIO = open(partial, "w+b") if partial else io.BytesIO()  # noqa: SIM115
+        stream = _Pass(self, zstandard, spool)
+        try:
+            found = list(
+                entries(io.BufferedReader(stream), self.size * MAX_RATIO + SLACK, MAX_MEMBERS, "the layer's bound")
+            )
+            stream.finish()
+        except Exception as exc:  # the tar's, zstd's and the source's
+            spool.close()
+            if partial:
+                os.unlink(partial)
+            if isinstance(exc, TarIndexError):
+                raise
+            raise TarIndexError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        self._frames = stream.frames
+        self._starts = [frame[0] for frame in self._frames]
+        if max((end - start for start, end, _, _ in self._frames), default=0) <= FRAME_MAX:
+            spool.close()
+            if partial:
+                os.unlink(partial)
+            return found
+        if stream.spool_full:
+            spool.close()
+            if partial:
+                os.unlink(partial)
+            raise TarIndexError(
+                f"it is one zstd frame of more than {FRAME_MAX >> 20} MiB, which cannot be read at random, and its "
+                f"{stream.out >> 20} MiB do not fit in memory ({MEMORY_MAX >> 20} MiB): mount with --cache-dir DIR "
+                "to keep it there"
+            )
+        if kept and partial:
+            spool.close()
+            os.replace(partial, kept)  # whole, under the blob's digest: the next mount reads it (_reuse)
+            spool = open(kept, "rb")  # noqa: SIM115
+        self._whole = spool
+        return found
+
+    def _reuse(self, kept: str) -> list[Entry] | None:
+        """The members of the output a mount before kept whole in ``--cache-dir`` (read there from now on); ``None``
+        (said in one line) where it is not a whole tar."""
+        try:
+            file = open(kept, "rb")  # noqa: SIM115
+        except OSError:
+            return None
+        try:
+            size = os.fstat(file.fileno()).st_size
+            found = list(entries(io.BufferedReader(io.FileIO(file.fileno(), closefd=False)), size, MAX_MEMBERS))
+        except (OSError, TarIndexError) as exc:
+            file.close()
+            self.warnings.append(
+                f"{kept}: the output kept for blob {self.digest} is not a whole tar ({exc}): made again"
+            )
+            return None
+        self._whole = file
+        return found
+
+    def read_at(self, offset: int, count: int) -> bytes:
+        if self._whole is not None:
+            with self._lock:
+                self._whole.seek(offset)
+                return self._whole.read(count)
+        parts = []
+        end = offset + count
+        while offset < end:
+            number = bisect.bisect_right(self._starts, offset) - 1
+            if number < 0:
+                break
+            start = self._frames[number][0]
+            data = self._frame(number)
+            piece = data[offset - start : end - start]
+            if not piece:
+                break
+            parts.append(piece)
+            offset += len(piece)
+        return b"".join(parts)
+
+    def _frame(self, number: int) -> bytes:
+        with self._lock:
+            data = self._kept.get(number)
+            if data is not None:
+                self._kept.move_to_end(number)
+                return data
+        import zstandard
+
+        start, end, lo, hi = self._frames[number]
+        try:
+            data = zstandard.ZstdDecompressor().decompress(
+                self._read(self.key, lo, hi - lo), max_output_size=end - start
+            )
+        except zstandard.ZstdError as exc:
+            raise OSError(f"{self.digest}: cannot decompress: {exc}") from None
+        with self._lock:
+            self._kept[number] = data
+            if len(self._kept) > FRAMES_KEPT:
+                self._kept.popitem(last=False)
+        return data
+
+    def close(self) -> None:
+        if self._whole is not None:
+            self._whole.close()
+            self._whole = None
+
+    def _kept_path(self) -> str | None:
+        if self._folder is None:
+            return None
+        os.makedirs(self._folder, exist_ok=True)
+        return os.path.join(self._folder, self.digest.replace(":", "-") + ".tar")
+
+
+class _Pass(io.RawIOBase):
+    """The decompressed stream, read front to back (forward seeks decompress and skip): frames noted, output
+    spooled while it may be needed whole."""
+
+    def __init__(self, layer: ZstdLayer, zstandard: object, spool: BinaryIO) -> None:
+        self._layer = layer
+        self._zstd = zstandard
+        self._spool = spool
+        self._in = 0  # blob bytes read
+        self._frame_in = 0  # where the current frame starts in the blob
+        self._frame_out = 0
+        self._decoder = zstandard.ZstdDecompressor().decompressobj()  # type: ignore[attr-defined]
+        self._buffer = b""
+        self._at = 0  # bytes of _buffer already given
+        self._position = 0
+        self.out = 0  # output made
+        self.frames: list[tuple[int, int, int, int]] = []
+        self.spool_full = False
+        self._keep_whole = not isinstance(spool, io.BytesIO)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = offset if whence == io.SEEK_SET else self._position + offset
+        if target < self._position:
+            raise OSError("the pass reads forward only")
+        while self._position < target:
+            if not self._more():
+                break
+            take = min(len(self._buffer) - self._at, target - self._position)
+            self._at += take
+            self._position += take
+        return self._position
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        if not self._more():
+            return 0
+        take = min(len(view), len(self._buffer) - self._at)
+        view[:take] = self._buffer[self._at : self._at + take]
+        self._at += take
+        self._position += take
+        return take
+
+    def _more(self) -> bool:
+        """Decompress until output is buffered; ``False`` at the blob's end."""
+        if self._at >= len(self._buffer):
+            self._buffer, self._at = b"", 0
+        while not self._buffer:
+            if self._in >= self._layer.size:
+                return False
+            data = self._layer._read(self._layer.key, self._in, min(READ, self._layer.size - self._in))
+            if not data:
+                raise OSError(f"the blob ends at byte {self._in}")
+            if self._layer._progress is not None:
+                self._layer._progress(len(data))
+            self._feed(data)
+        return True
+
+    def _feed(self, data: bytes) -> None:
+        while data:
+            out = self._decoder.decompress(data)
+            self._emit(out)
+            if not self._decoder.eof:
+                self._in += len(data)
+                return
+            unused = self._decoder.unused_data
+            self._in += len(data) - len(unused)
+            self.frames.append((self._frame_out, self.out, self._frame_in, self._in))
+            self._frame_in, self._frame_out = self._in, self.out
+            self._decoder = self._zstd.ZstdDecompressor().decompressobj()  # type: ignore[attr-defined]
+            data = unused
+
+    def _emit(self, out: bytes) -> None:
+        if not out:
+            return
+        if self.out + len(out) > self._layer.size * MAX_RATIO + SLACK:
+            raise OSError(f"the layer inflates past {MAX_RATIO} times its size (a zstd bomb?)")
+        self._buffer = self._buffer[self._at :] + out if self._buffer else out
+        self._at = 0
+        if not self.spool_full:
+            if not self._keep_whole and self.out + len(out) > MEMORY_MAX:
+                self.spool_full = True
+                self._spool.close()
+            else:
+                self._spool.write(out)
+        self.out += len(out)
+
+    def finish(self) -> None:
+        """Read to the blob's end: every frame noted (the tar's end is not the stream's)."""
+        while self._more():
+            self._position += len(self._buffer) - self._at
+            self._at = len(self._buffer)
+        if self.out > self._frame_out or self._in > self._frame_in:
+            raise OSError("the last zstd frame is cut short")
