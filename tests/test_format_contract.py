@@ -109,6 +109,8 @@ def write_flax(stem: Path, arrays: Arrays) -> Path:
     path = stem.with_suffix(".msgpack")
     path.write_bytes(to_bytes(tree))
     return path
+
+
 _DEEPSPEED_WRITTEN: dict[str, Path] = {}
 
 
