@@ -55,6 +55,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("onnx", (".onnx",), ()),
     ("dcp", (".metadata",), ()),  # a folder's .metadata: a torch.distributed.checkpoint, its .distcp files beside it
     ("npz", (".npz", ".npy"), ()),
+    ("hdf5", (".h5", ".hdf5", ".keras"), ()),  # .weights.h5 too; a .keras is a zip holding model.weights.h5
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)

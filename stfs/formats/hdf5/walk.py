@@ -1,0 +1,113 @@
+"""The walk from the root group to every object: a group's links (a symbol table's B-tree and local heap; link
+messages; dense links in a fractal heap indexed by a version 2 B-tree), an object's attributes (messages, or dense),
+level by level so that a remote file's object headers of one level are fetched at once. Each object is visited once
+(a hard link to a group above is not followed again), by its first path in name order, as h5py's ``visititems``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .btrees import v1_leaves, v2_records
+from .heaps import FractalHeap, LocalHeap
+from .io import Fields, Reader
+from .messages import (
+    ATTRIBUTE,
+    ATTRIBUTE_INFO,
+    LAYOUT,
+    LINK,
+    LINK_INFO,
+    SYMBOL_TABLE,
+    Attribute,
+    Link,
+    read_attribute,
+    read_link,
+    read_link_info,
+    read_symbol_table,
+)
+from .objects import Message, read_object
+from .rules import BadStructure, TooLarge
+
+MAX_OBJECTS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """An object reached by the walk: its path of link names from the root, whether a dataset (one with a layout)
+    or a group, its messages."""
+
+    path: tuple[str, ...]
+    dataset: bool
+    messages: list[Message]
+
+
+def walk(reader: Reader, root: int) -> list[Found]:
+    """Every group and dataset below ``root``, the root group included, in h5py's order (a group's links by name)."""
+    found: list[Found] = []
+    seen: set[int] = set()
+    level: list[tuple[int, tuple[str, ...]]] = [(root, ())]
+    while level:
+        reader.prefetch([address for address, _ in level])
+        following: list[tuple[int, tuple[str, ...]]] = []
+        for address, path in level:
+            if address in seen:
+                continue
+            seen.add(address)
+            if len(seen) > MAX_OBJECTS:
+                raise TooLarge(reader.path, f"it holds more than {MAX_OBJECTS:,} objects")
+            messages = read_object(reader, address)
+            kinds = {message.kind for message in messages}
+            if LAYOUT in kinds:
+                found.append(Found(path, True, messages))
+            elif kinds & {SYMBOL_TABLE, LINK_INFO, LINK} or not path:
+                found.append(Found(path, False, messages))
+                links = sorted(group_links(reader, messages), key=lambda link: link.name)
+                following.extend((link.address, (*path, link.name)) for link in links if link.address is not None)
+            # anything else (a committed datatype) is no tensor
+        level = following
+    return sorted(found, key=lambda item: item.path)
+
+
+def group_links(reader: Reader, messages: list[Message]) -> Iterator[Link]:
+    """A group's links, whichever way it keeps them."""
+    for message in messages:
+        if message.kind == SYMBOL_TABLE:
+            btree, heap_address = read_symbol_table(reader, message.data)
+            yield from _symbol_table(reader, btree, LocalHeap(reader, heap_address))
+        elif message.kind == LINK:
+            yield read_link(reader, message.data)
+        elif message.kind == LINK_INFO:
+            dense = read_link_info(reader, message.data)
+            if dense.heap != reader.undefined:
+                heap = FractalHeap(reader, dense.heap)
+                for record in v2_records(reader, dense.names, 5):
+                    yield read_link(reader, heap.get(record[4:]))
+
+
+def _symbol_table(reader: Reader, btree: int, heap: LocalHeap) -> Iterator[Link]:
+    o = reader.offset_size
+    entry = 2 * o + 24
+    for _, node in v1_leaves(reader, btree, 0, reader.length_size):
+        head = reader.at(node, 8, "a symbol table node")
+        if head[:4] != b"SNOD" or head[4] != 1:
+            raise BadStructure(reader.path, f"no symbol table node (SNOD, version 1) at address {node}")
+        count = int.from_bytes(head[6:8], "little")
+        data = reader.at(node + 8, count * entry, "a symbol table node")
+        for i in range(count):
+            reader.step()
+            fields = Fields(reader, data, "a symbol table entry", i * entry)
+            name_offset, address = fields.address(), fields.address()
+            yield Link(heap.name(name_offset), address)
+
+
+def attributes(reader: Reader, messages: list[Message]) -> Iterator[Attribute]:
+    """An object's attributes, from its messages or its dense storage."""
+    for message in messages:
+        if message.kind == ATTRIBUTE:
+            yield read_attribute(reader, message.data)
+        elif message.kind == ATTRIBUTE_INFO:
+            dense = read_link_info(reader, message.data, attributes=True)
+            if dense.heap != reader.undefined:
+                heap = FractalHeap(reader, dense.heap)
+                for record in v2_records(reader, dense.names, 8):
+                    yield read_attribute(reader, heap.get(record[:8]))
