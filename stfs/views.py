@@ -237,6 +237,7 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
     headers = {shard.header.path: shard.header for model in models for shard in model.shards}
     indexes = {model.index_path: model for model in models if model.index_path is not None}
     held = {file.path for file in files}
+    converted: set[str] = set()
     tree.folder(["safetensors"], mtime_ns)
     for file in files:
         header = headers.get(file.key)
@@ -247,8 +248,14 @@ def safetensors_files(tree: Tree, files: list[SourceFile], mtime_ns: int, models
                 name = None
         else:
             name = _converted_name(header, file.path) if header is not None else None
-        if name is not None and name in held:  # the repository has it as safetensors already: that file, no other
-            continue
+        if name is not None and (name in held or name in converted):
+            # the repository has it as safetensors already: that file, no other, unless the format has a second name
+            other = formats.named(header.format).safetensors_other_name(file.path) if header is not None else None
+            if other is None or other in held or other in converted:
+                continue
+            name = other
+        if name is not None:
+            converted.add(name)
         segments: tuple[Segment, ...]
         if name is not None and header is not None:
             parts: list[Segment] = [_safetensors_header(header)]

@@ -216,6 +216,11 @@ class Format:
         ``json_made`` with each tensor's bytes after it); ``None``: shown as it is."""
         return None
 
+    def safetensors_other_name(self, path: str) -> str | None:
+        """Its name in ``--view safetensors`` where ``safetensors_name``'s is taken (a ``tf_model.h5`` beside a
+        ``model.safetensors``); ``None``: it is left out then."""
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class DType:

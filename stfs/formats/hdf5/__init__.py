@@ -85,5 +85,14 @@ class _Hdf5(Format):
     def safetensors_name(self, path: str) -> str | None:
         return safetensors_name(path)
 
+    def safetensors_other_name(self, path: str) -> str | None:
+        """``tf_model.h5`` -> ``tf_model.safetensors`` where ``model.safetensors`` is there."""
+        folder, _, name = path.rpartition("/")
+        return (
+            f"{folder}/tf_model.safetensors"
+            if folder and name == "tf_model.h5"
+            else ("tf_model.safetensors" if name == "tf_model.h5" else None)
+        )
+
 
 FORMAT: Format = _Hdf5()

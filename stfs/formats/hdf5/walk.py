@@ -29,6 +29,7 @@ from .objects import Message, read_object
 from .rules import BadStructure, TooLarge
 
 MAX_OBJECTS = 1_000_000
+PREFETCH = 1024  # bytes read ahead at each object header, B-tree node or heap of a level: most fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +48,9 @@ def walk(reader: Reader, root: int) -> list[Found]:
     seen: set[int] = set()
     level: list[tuple[int, tuple[str, ...]]] = [(root, ())]
     while level:
-        reader.prefetch([address for address, _ in level])
+        reader.prefetch([address for address, _ in level], PREFETCH)
         following: list[tuple[int, tuple[str, ...]]] = []
+        groups: list[Found] = []
         for address, path in level:
             if address in seen:
                 continue
@@ -60,12 +62,35 @@ def walk(reader: Reader, root: int) -> list[Found]:
             if LAYOUT in kinds:
                 found.append(Found(path, True, messages))
             elif kinds & {SYMBOL_TABLE, LINK_INFO, LINK} or not path:
-                found.append(Found(path, False, messages))
-                links = sorted(group_links(reader, messages), key=lambda link: link.name)
-                following.extend((link.address, (*path, link.name)) for link in links if link.address is not None)
+                groups.append(Found(path, False, messages))
             # anything else (a committed datatype) is no tensor
+        _prefetch_tables(reader, groups)
+        for group in groups:
+            found.append(group)
+            links = sorted(group_links(reader, group.messages), key=lambda link: link.name)
+            following.extend((link.address, (*group.path, link.name)) for link in links if link.address is not None)
         level = following
     return sorted(found, key=lambda item: item.path)
+
+
+def _prefetch_tables(reader: Reader, groups: list[Found]) -> None:
+    """Read the symbol tables of a level's old-style groups at once: their B-tree roots and local heaps, then the
+    symbol table nodes of the roots that are leaves (a remote file's in a request each, in parallel)."""
+    tables = [
+        read_symbol_table(reader, message.data)
+        for group in groups
+        for message in group.messages
+        if message.kind == SYMBOL_TABLE
+    ]
+    if not tables:
+        return
+    reader.prefetch([address for table in tables for address in table], PREFETCH)
+    nodes = []
+    for btree, _ in tables:
+        head = reader.at(btree, 8, "a version 1 B-tree node")
+        if head[:4] == b"TREE" and head[5] == 0:  # a leaf: its children are symbol table nodes
+            nodes += [child for _, child in v1_leaves(reader, btree, 0, reader.length_size)]
+    reader.prefetch(nodes, PREFETCH)
 
 
 def group_links(reader: Reader, messages: list[Message]) -> Iterator[Link]:
