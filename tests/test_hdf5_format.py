@@ -201,3 +201,11 @@ def test_lookup3_is_jenkins_hashlittle() -> None:
 
     assert lookup3(b"") == 0xDEADBEEF
     assert lookup3(b"Four score and seven years ago") == 0x17770551
+
+
+def test_the_fuzzer_finds_nothing_in_a_short_run(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parent.parent
+    command = [sys.executable, str(repo / "fuzz" / "fuzz_hdf5.py"), "--seconds", "8", "--seed", "3", "--no-keras"]
+    result = run([*command, "--out", str(tmp_path)], timeout=110)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "findings: 0" in result.stdout and "'accepted'" in result.stdout, result.stdout
