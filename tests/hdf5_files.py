@@ -53,12 +53,15 @@ def mixed(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def write_h5py(path: Path, arrays: dict[str, np.ndarray], *, libver: str = "earliest", **options: object) -> Path:
-    """``arrays`` as datasets of an h5py file (``options``: create_dataset's, ``chunks=...``, ``track_order``),
-    with attributes on the file and a group."""
+def write_h5py(
+    path: Path, arrays: dict[str, np.ndarray], *, libver: str = "earliest", userblock: int = 0, **options: object
+) -> Path:
+    """``arrays`` as datasets of an h5py file (``options``: create_dataset's, ``chunks=...``; ``compact``), with
+    attributes on the file and a group; ``userblock`` bytes before the superblock."""
     import h5py
 
-    with h5py.File(path, "w", libver=(libver, "latest") if libver != "earliest" else "earliest") as file:
+    version = (libver, "latest") if libver != "earliest" else "earliest"
+    with h5py.File(path, "w", libver=version, userblock_size=userblock) as file:
         file.attrs["keras_version"] = b"2.15.0"
         file.attrs["backend"] = "tensorflow"
         file.attrs["numbers"] = np.arange(3, dtype=np.int32)
@@ -117,6 +120,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "chunked": lambda path: write_h5py(
         path, {k: v for k, v in mixed(np.random.default_rng(4)).items() if v.ndim}, chunks=True
     ),
+    "userblock": lambda path: write_h5py(path, mixed(np.random.default_rng(6)), userblock=512, libver="latest"),
     "chunked-latest": lambda path: write_h5py(
         path, {k: v for k, v in mixed(np.random.default_rng(5)).items() if v.ndim}, chunks=True, libver="latest"
     ),

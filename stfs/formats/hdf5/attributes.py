@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from typing import Any
 
 from .heaps import GlobalHeap
@@ -14,18 +15,27 @@ from .messages import ENUM, FIXED, FLOAT, STRING, VLEN, Attribute, Datatype
 MAX_SHOWN = 1 << 20  # bytes of one attribute's JSON kept in metadata/
 
 
-def number_dtype(datatype: Datatype) -> str | None:
-    """NumPy's name for an integer or float datatype of whole bytes, or ``None``."""
+def number_format(datatype: Datatype) -> str | None:
+    """``struct``'s format of one integer or float of the datatype, or ``None`` (numpy is not imported for a
+    header: it would cost ``stfs info`` more than reading the file)."""
     order = ">" if datatype.big else "<"
     if datatype.cls == FIXED and datatype.size in (1, 2, 4, 8):
-        return f"{order}{'i' if datatype.signed else 'u'}{datatype.size}"
+        code = {1: "b", 2: "h", 4: "i", 8: "q"}[datatype.size]
+        return order + (code if datatype.signed else code.upper())
     if datatype.cls == FLOAT and (datatype.size, datatype.exponent, datatype.mantissa) in (
         (2, 5, 10),
         (4, 8, 23),
         (8, 11, 52),
     ):
-        return f"{order}f{datatype.size}"
+        return order + {2: "e", 4: "f", 8: "d"}[datatype.size]
     return None
+
+
+def _nested(values: list[Any], shape: tuple[int, ...]) -> list[Any]:
+    """``values`` (C order) as nested lists of ``shape``."""
+    for length in reversed(shape[1:]):
+        values = [values[i : i + length] for i in range(0, len(values), length)]
+    return values
 
 
 def _text(raw: bytes) -> str:
@@ -34,16 +44,14 @@ def _text(raw: bytes) -> str:
 
 def attribute_value(reader: Reader, heap: GlobalHeap, attribute: Attribute) -> Any:
     """The attribute's value as plain Python (a list for an array), as h5py reads it, strings decoded."""
-    import numpy as np
-
     datatype, space, data = attribute.datatype, attribute.space, attribute.data
     if space.null:
         return None
     count = math.prod(space.shape)
     values: list[Any]
-    numeric = number_dtype(datatype)
+    numeric = number_format(datatype)
     if numeric is not None and len(data) >= count * datatype.size:
-        values = np.frombuffer(data, dtype=numeric, count=count).tolist()
+        values = [value for (value,) in struct.iter_unpack(numeric, data[: count * datatype.size])]
     elif (
         datatype.cls == ENUM
         and datatype.base is not None
@@ -68,7 +76,7 @@ def attribute_value(reader: Reader, heap: GlobalHeap, attribute: Attribute) -> A
         return f"<{datatype.title} attribute>"
     if not space.shape:
         return values[0] if values else None
-    return np.array(values, dtype=object).reshape(space.shape).tolist() if count else []
+    return _nested(values, space.shape) if count else []
 
 
 def attribute_json(reader: Reader, heap: GlobalHeap, attribute: Attribute) -> str:
@@ -94,4 +102,4 @@ def text_value(reader: Reader, heap: GlobalHeap, attribute: Attribute) -> str | 
     return value if isinstance(value, str) else None
 
 
-__all__ = ["VLEN", "attribute_json", "attribute_value", "number_dtype", "text_value"]
+__all__ = ["VLEN", "attribute_json", "attribute_value", "number_format", "text_value"]

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from ..base import RangeFetcher, ReadMany
 from .rules import BadStructure, Hdf5Truncated, TooLarge
 
-WINDOW = 4096  # bytes read at least at a miss: an object header and what h5py allocates beside it
+WINDOW = 2048  # bytes read at least at a miss: an object header and what h5py allocates beside it
+COALESCE = 256  # windows of a prefetch closer than this are read as one
 MAX_METADATA = 256 << 20  # metadata bytes one header may read in all
 MAX_STEPS = 2_000_000  # objects, nodes, messages and records one header may walk
 
@@ -144,9 +145,12 @@ class Reader:
             offset = self.base + address
             if not 0 <= offset < self.size or self._held(offset, min(size, self.size - offset)):
                 continue
-            if wanted and offset < wanted[-1][0] + wanted[-1][1]:
+            length = min(size, self.size - offset)
+            if wanted and offset <= sum(wanted[-1]) + COALESCE:  # close to the one before: one read of both
+                first = wanted[-1][0]
+                wanted[-1] = (first, max(sum(wanted[-1]), offset + length) - first)
                 continue
-            wanted.append((offset, min(size, self.size - offset)))
+            wanted.append((offset, length))
         if not wanted:
             return
         self._read += sum(length for _, length in wanted)

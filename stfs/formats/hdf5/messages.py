@@ -318,4 +318,6 @@ def read_attribute(reader: Reader, data: bytes) -> Attribute:
     space = read_dataspace(reader, fields.take(space_size))
     fields.skip(-space_size % align)
     count = 0 if space.null else math.prod(space.shape)
-    return Attribute(name, datatype, space, fields.take(min(count * datatype.size, fields.left)))
+    if count * datatype.size > fields.left or (count and datatype.size == 0):
+        raise BadStructure(reader.path, f"attribute {name!r} holds fewer bytes than its {count} values need")
+    return Attribute(name, datatype, space, fields.take(count * datatype.size))

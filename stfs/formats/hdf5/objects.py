@@ -67,10 +67,10 @@ def read_superblock(reader: Reader) -> Superblock:
         fields.address()  # superblock extension
         end_of_file = fields.address()
         root = fields.address()
-    if position + end_of_file > reader.size:  # libhdf5 refuses such a file as truncated
+    if end_of_file > reader.size:  # libhdf5 refuses such a file as truncated (its end counts the user block too)
         raise Hdf5Truncated(
             reader.path,
-            f"its superblock says the file is {position + end_of_file} bytes long, but it has {reader.size}: "
+            f"its superblock says the file is {end_of_file} bytes long, but it has {reader.size}: "
             "the file was cut short (copy or download it again)",
         )
     return Superblock(version, root, end_of_file)

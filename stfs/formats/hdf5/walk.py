@@ -29,7 +29,7 @@ from .objects import Message, read_object
 from .rules import BadStructure, TooLarge
 
 MAX_OBJECTS = 1_000_000
-PREFETCH = 1024  # bytes read ahead at each object header, B-tree node or heap of a level: most fit
+PREFETCH = 512  # bytes read ahead at each object header, B-tree node or heap of a level: most fit
 
 
 @dataclass(frozen=True, slots=True)
