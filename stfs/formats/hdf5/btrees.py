@@ -33,11 +33,11 @@ def v1_leaves(reader: Reader, root: int, node_type: int, key_size: int) -> Itera
         if expected >= 0 and level != expected:
             raise BadStructure(reader.path, f"a version 1 B-tree node at {node} has level {level}, not {expected}")
         body = reader.at(node + 8 + 2 * o, used * (key_size + o) + key_size, "a version 1 B-tree node")
-        entries = [
-            (body[i * (key_size + o) : i * (key_size + o) + key_size], i * (key_size + o) + key_size)
-            for i in range(used)
+        step = key_size + o
+        children = [
+            (body[at : at + key_size], int.from_bytes(body[at + key_size : at + step], "little"))
+            for at in range(0, used * step, step)
         ]
-        children = [(key, Fields(reader, body, "a B-tree node", at).address()) for key, at in entries]
         if level == 0:
             yield from children
             continue

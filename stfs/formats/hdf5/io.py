@@ -174,10 +174,12 @@ class Fields:
     """A cursor over a structure's bytes: unsigned little-endian fields, addresses and lengths of the superblock's
     sizes; ``BadStructure`` naming ``what`` where the bytes end first."""
 
-    __slots__ = ("data", "pos", "reader", "what")
+    __slots__ = ("data", "length_size", "offset_size", "pos", "reader", "what")
 
     def __init__(self, reader: Reader, data: bytes, what: str, pos: int = 0) -> None:
         self.reader = reader
+        self.offset_size = reader.offset_size
+        self.length_size = reader.length_size
         self.data = data
         self.what = what
         self.pos = pos
@@ -190,7 +192,12 @@ class Fields:
         return out
 
     def uint(self, size: int) -> int:
-        return int.from_bytes(self.take(size), "little")
+        pos = self.pos
+        end = pos + size
+        if end > len(self.data):
+            raise BadStructure(self.reader.path, f"{self.what} ends inside a field at byte {pos}")
+        self.pos = end
+        return int.from_bytes(self.data[pos:end], "little")
 
     def u8(self) -> int:
         return self.uint(1)
@@ -205,10 +212,10 @@ class Fields:
         return self.uint(8)
 
     def address(self) -> int:
-        return self.uint(self.reader.offset_size)
+        return self.uint(self.offset_size)
 
     def length(self) -> int:
-        return self.uint(self.reader.length_size)
+        return self.uint(self.length_size)
 
     def skip(self, size: int) -> None:
         self.take(size)

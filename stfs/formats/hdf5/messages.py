@@ -83,13 +83,30 @@ def read_datatype(fields: Fields, depth: int = 0) -> Datatype:
         return Datatype(cls, size, big=bool(bits & 1), signed=bool(bits & 8), precision=precision, bit_offset=offset)
     if cls == FLOAT:
         offset, precision = fields.u16(), fields.u16()
-        fields.u8()  # exponent location
-        exponent = fields.u8()
-        fields.u8()  # mantissa location
-        mantissa = fields.u8()
-        fields.u32()  # exponent bias
+        exponent_at, exponent, mantissa_at, mantissa, bias = (
+            fields.u8(),
+            fields.u8(),
+            fields.u8(),
+            fields.u8(),
+            fields.u32(),
+        )
+        # IEEE's layout (sign above exponent above mantissa, the usual bias, an implied leading 1, no padding bits)
+        # or another: a float that is not IEEE's is no dtype's, however wide (libhdf5 converts its values)
+        ieee = (
+            bits & 0xFF7E == 0x20 | ((8 * size - 1) << 8)
+            and mantissa_at == 0
+            and exponent_at == mantissa
+            and bias == (1 << (exponent - 1)) - 1
+            and 1 + exponent + mantissa == 8 * size
+        )
         return Datatype(
-            cls, size, big=bool(bits & 1), precision=precision, bit_offset=offset, exponent=exponent, mantissa=mantissa
+            cls,
+            size,
+            big=bool(bits & 1),
+            precision=precision,
+            bit_offset=offset,
+            exponent=exponent if ieee else 0,
+            mantissa=mantissa if ieee else 0,
         )
     if cls == STRING:
         return Datatype(cls, size, padding=bits & 0x0F, charset=(bits >> 4) & 0x0F)

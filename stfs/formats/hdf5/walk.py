@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .btrees import v1_leaves, v2_records
 from .heaps import FractalHeap, LocalHeap
-from .io import Fields, Reader
+from .io import Reader
 from .messages import (
     ATTRIBUTE,
     ATTRIBUTE_INFO,
@@ -118,11 +118,10 @@ def _symbol_table(reader: Reader, btree: int, heap: LocalHeap) -> Iterator[Link]
             raise BadStructure(reader.path, f"no symbol table node (SNOD, version 1) at address {node}")
         count = int.from_bytes(head[6:8], "little")
         data = reader.at(node + 8, count * entry, "a symbol table node")
-        for i in range(count):
-            reader.step()
-            fields = Fields(reader, data, "a symbol table entry", i * entry)
-            name_offset, address = fields.address(), fields.address()
-            yield Link(heap.name(name_offset), address)
+        reader.step(count)
+        for at in range(0, count * entry, entry):
+            name_offset = int.from_bytes(data[at : at + o], "little")
+            yield Link(heap.name(name_offset), int.from_bytes(data[at + o : at + 2 * o], "little"))
 
 
 def attributes(reader: Reader, messages: list[Message]) -> Iterator[Attribute]:
