@@ -66,7 +66,10 @@ def test_a_group_of_dense_links_and_attributes(tmp_path: Path, mount: MountFn, l
     assert Path(mnt, "metadata", "many.attr123").read_text() == "123\n"
 
 
-@pytest.mark.parametrize(("chunks", "maxshape"), [((2, 3), None), ((4, 1), None), ((2, 2), (None, None))])
+@pytest.mark.parametrize(
+    ("chunks", "maxshape"),
+    [((2, 3), None), ((4, 1), None), ((2, 2), (None, None)), ((1, 2), (None, 7)), ((3, 1), (9, None))],
+)
 @pytest.mark.parametrize("libver", ["earliest", "latest"])
 def test_chunked_datasets_are_gathered_from_their_chunks(
     tmp_path: Path, mount: MountFn, chunks: tuple[int, int], maxshape: tuple[None, None] | None, libver: str
@@ -77,6 +80,7 @@ def test_chunked_datasets_are_gathered_from_their_chunks(
     with h5py.File(source, "w", libver=(libver, "latest") if libver == "latest" else "earliest") as file:
         file.create_dataset("w", data=arrays["w"], chunks=chunks, maxshape=maxshape)
         file.create_dataset("v", data=arrays["v"], chunks=(3,))  # a fixed array of pages with libver latest
+        file.create_dataset("grown", data=arrays["v"], chunks=(2,), maxshape=(None,))  # secondary blocks
         file.create_dataset("cube", data=np.arange(120, dtype=np.int16).reshape(2, 3, 4, 5), chunks=(1, 2, 3, 2))
     mnt = mount(str(source), options=["view=npy"])
     assert_same_as_h5py(source, mnt)
@@ -173,6 +177,17 @@ def test_remote_info_reads_the_metadata_not_the_weights(nginx: object, tmp_path:
     transfer = nginx.log.transfer()  # type: ignore[attr-defined]
     assert transfer.bytes <= MIB, transfer
     assert json.loads(result.stdout)["transfer"]["bytes"] == transfer.bytes
+
+
+def test_a_remote_file_mounts_and_serves_what_h5py_reads(nginx: object, tmp_path: Path, mount: MountFn) -> None:
+    local = tmp_path / "chunked.h5"
+    with h5py.File(local, "w") as file:
+        file.create_dataset("w", data=np.arange(63, dtype=np.float32).reshape(9, 7), chunks=(2, 3))
+        file.create_dataset("v", data=np.arange(5000, dtype=np.int32), chunks=(3,))
+        file.create_dataset("plain", data=np.arange(1000, dtype=np.float64))
+    url = nginx.put("chunked.h5", local.read_bytes())  # type: ignore[attr-defined]
+    mnt = mount(url)
+    assert_same_as_h5py(local, mnt)
 
 
 def test_view_safetensors_names_tf_model_h5(tmp_path: Path, mount: MountFn) -> None:

@@ -20,7 +20,7 @@ from .messages import Layout
 from .rules import BadStructure, UnsupportedStorage
 
 MAX_CHUNKS = 4_000_000
-INDEX_NAMES = {4: "an extensible array"}
+UNLIMITED = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,9 @@ class Chunked:
         return tuple(blocks)
 
 
-def chunk_addresses(reader: Reader, layout: Layout, shape: tuple[int, ...], itemsize: int, name: str) -> list[int]:
+def chunk_addresses(
+    reader: Reader, layout: Layout, shape: tuple[int, ...], maxshape: tuple[int, ...], itemsize: int, name: str
+) -> list[int]:
     """The absolute file offset of every chunk of a dataset, in C order over its grid; refused where one was never
     written or lies past the end of the file."""
     chunk = layout.chunk
@@ -141,16 +143,12 @@ def chunk_addresses(reader: Reader, layout: Layout, shape: tuple[int, ...], item
         found[:] = [layout.address + i * nbytes for i in range(count)]
     elif layout.index == 3:
         _fixed_array(reader, layout.address, found, name)
+    elif layout.index == 4:
+        _extensible(reader, layout.address, chunk, grid, maxshape, found, name)
     elif layout.index == 5:
         _btree_v2(reader, layout.address, grid, found)
     else:
-        what = INDEX_NAMES.get(layout.index, f"index type {layout.index}")
-        raise UnsupportedStorage(
-            reader.path,
-            f"its chunks are indexed by {what} (a dataset made resizable with maxshape), which stfs does not read: "
-            "write it without maxshape",
-            name,
-        )
+        raise BadStructure(reader.path, f"chunk index type {layout.index}", name)
     missing = sum(address is None for address in found)
     if missing:
         raise UnsupportedStorage(
@@ -250,6 +248,32 @@ def _fixed_block(reader: Reader, data: bytes, block: int, name: str) -> None:
 
 def _defined(reader: Reader, address: int) -> int | None:
     return None if address == reader.undefined else address
+
+
+def _extensible(
+    reader: Reader,
+    address: int,
+    chunk: tuple[int, ...],
+    grid: tuple[int, ...],
+    maxshape: tuple[int, ...],
+    found: list[int | None],
+    name: str,
+) -> None:
+    """Chunks in an extensible array, element ``i`` the chunk whose grid position, its unlimited dimension moved
+    first, is ``i`` in C order over the grid of the maximum shape (libhdf5's swizzled index)."""
+    from .earray import ExtensibleArray
+
+    unlimited = [d for d, size in enumerate(maxshape) if size >= UNLIMITED >> (64 - 8 * reader.length_size)]
+    if len(unlimited) != 1 or len(maxshape) != len(grid):
+        raise BadStructure(reader.path, "an extensible array index for other than one unlimited dimension", name)
+    order = [unlimited[0], *(d for d in range(len(grid)) if d != unlimited[0])]
+    counts = [-(-maxshape[d] // chunk[d]) for d in order]
+    array = ExtensibleArray(reader, address, name)
+    for cell, position in enumerate(itertools.product(*(range(g) for g in grid))):
+        index = 0
+        for d, count in zip(order, counts, strict=True):
+            index = index * count + position[d]
+        found[cell] = array.get(index)
 
 
 def _btree_v2(reader: Reader, address: int, grid: tuple[int, ...], found: list[int | None]) -> None:

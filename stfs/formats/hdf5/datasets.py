@@ -157,7 +157,7 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
     if layout.kind == "chunked":
         if nbytes == 0:
             return Hdf5Entry(name, dtype, shape, 0, 0, dataset=shown)
-        addresses = chunk_addresses(reader, layout, shape, itemsize, name)
+        addresses = chunk_addresses(reader, layout, shape, space.maxshape, itemsize, name)
         chunked = Chunked(shape, layout.chunk, itemsize, tuple(addresses))
         begin = chunked.offset
         return Hdf5Entry(name, dtype, shape, begin, begin + nbytes, dataset=shown, chunked=chunked)

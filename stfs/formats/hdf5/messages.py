@@ -151,6 +151,7 @@ class Dataspace:
 
     shape: tuple[int, ...]
     null: bool = False
+    maxshape: tuple[int, ...] = ()  # each dimension's maximum (an unlimited one: all ones), or the shape
 
 
 def read_dataspace(reader: Reader, data: bytes) -> Dataspace:
@@ -165,9 +166,8 @@ def read_dataspace(reader: Reader, data: bytes) -> Dataspace:
         kind = fields.u8()
         null = kind == 2
     shape = tuple(fields.length() for _ in range(rank))
-    if flags & 1:
-        fields.skip(reader.length_size * rank)  # maximum dimensions: what is stored now is what is read
-    return Dataspace(shape, null)
+    maxshape = tuple(fields.length() for _ in range(rank)) if flags & 1 else shape
+    return Dataspace(shape, null, maxshape)
 
 
 @dataclass(frozen=True, slots=True)
