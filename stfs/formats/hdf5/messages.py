@@ -96,6 +96,7 @@ def read_datatype(fields: Fields, depth: int = 0) -> Datatype:
             bits & 0xFF7E == 0x20 | ((8 * size - 1) << 8)
             and mantissa_at == 0
             and exponent_at == mantissa
+            and exponent > 1
             and bias == (1 << (exponent - 1)) - 1
             and 1 + exponent + mantissa == 8 * size
         )
