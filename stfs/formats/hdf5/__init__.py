@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 
 from ..base import Format, Header, RangeFetcher, header_json
-from ..zip import first_member
 from .datasets import Hdf5Entry
 from .file import read_hdf5
 from .io import Reader
@@ -31,7 +30,7 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
     """Read the HDF5 file (or ``.keras`` zip) ``path`` through ``fetch`` as a ``Header``: tensors at absolute offsets
     (``data_start`` 0), ``header.json`` made in the safetensors schema."""
     head = fetch(0, min(file_size, 512)) if file_size else b""
-    if first_member(bytes(head)) in KERAS_MEMBERS:
+    if _keras(bytes(head)):
         from .keras import read_keras
 
         tensors, metadata, warnings = read_keras(fetch, path, file_size)
@@ -50,6 +49,16 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         json_made=made,
         warnings=tuple(warnings),
     )
+
+
+def _keras(head: bytes) -> bool:
+    """Whether ``head`` begins a ``.keras`` zip (its first member one Keras writes); the zip module is imported only
+    for a zip."""
+    if not head.startswith(b"PK\x03\x04"):
+        return False
+    from ..zip import first_member
+
+    return first_member(head) in KERAS_MEMBERS
 
 
 def safetensors_name(path: str) -> str:
@@ -75,7 +84,7 @@ class _Hdf5(Format):
     def sniff(self, head: bytes) -> bool:
         """The superblock's signature at byte 0 (a file with a user block is found by its name), or a ``.keras``
         zip."""
-        return head.startswith(SIGNATURE) or first_member(head) in KERAS_MEMBERS
+        return head.startswith(SIGNATURE) or _keras(head)
 
     def read_header(
         self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..base import TensorEntry
 from .attributes import text_value
-from .chunks import Chunked, chunk_addresses
 from .heaps import GlobalHeap
 from .io import Fields, Reader
 from .messages import (
@@ -33,6 +33,9 @@ from .messages import (
 from .objects import Message, read_object
 from .rules import BadStructure, FilteredDataset, Hdf5Truncated, UnsupportedStorage, UnsupportedType
 from .walk import attributes
+
+if TYPE_CHECKING:
+    from .chunks import Chunked
 
 FLOATS = {(2, 5, 10): "F16", (2, 8, 7): "BF16", (4, 8, 23): "F32", (8, 11, 52): "F64"}
 SIGNED = {1: "I8", 2: "I16", 4: "I32", 8: "I64"}
@@ -157,6 +160,8 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
     if layout.kind == "chunked":
         if nbytes == 0:
             return Hdf5Entry(name, dtype, shape, 0, 0, dataset=shown)
+        from .chunks import Chunked, chunk_addresses  # gather's numpy only where chunks are
+
         addresses = chunk_addresses(reader, layout, shape, space.maxshape, itemsize, name)
         chunked = Chunked(shape, layout.chunk, itemsize, tuple(addresses))
         begin = chunked.offset
