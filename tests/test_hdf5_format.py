@@ -128,6 +128,12 @@ def _virtual(file: h5py.File) -> None:
     file.create_virtual_dataset("bad", layout)
 
 
+def _odd_float(file: h5py.File) -> None:
+    odd = h5py.h5t.IEEE_F32LE.copy()
+    odd.set_ebias(100)  # not IEEE's 127: h5py converts the values, the bytes are not float32's
+    file.create_dataset("bad", data=np.ones(3, np.float32), dtype=h5py.Datatype(odd))
+
+
 CASES = {
     "gzip": (lambda f: f.create_dataset("bad", data=np.ones(99, np.float32), compression="gzip"), "gzip"),
     "lzf": (lambda f: f.create_dataset("bad", data=np.ones(99, np.float32), compression="lzf"), "lzf"),
@@ -143,6 +149,7 @@ CASES = {
     "reference": (lambda f: f.create_dataset("bad", data=[f["fine"].ref], dtype=h5py.ref_dtype), "reference"),
     "external": (lambda f: f.create_dataset("bad", (4,), np.float32, external=[("ext.bin", 0, 16)]), "external"),
     "virtual": (_virtual, "virtual"),
+    "float-not-ieee": (_odd_float, "floating-point"),
 }
 
 
