@@ -15,7 +15,8 @@ the same tensors with safetensors. Then, alternating, each round:
                ``visititems``) against stfs's reader (``formats.read_with`` over ``os.pread``).
   in process   the same two listings in this process, both imported already (warm page cache).
 
-Prints the medians (and the best of the rounds: the machine may be shared) and their ratios, and what stfs's reader
+Prints the medians (and the best of the rounds, and the median CPU seconds: the machine may be shared, and CPU time
+suffers less from it) and their ratios, and what stfs's reader
 asked for, as it asks a remote file (a first read of 100,000 bytes, then its windows): requests and bytes.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -78,14 +80,21 @@ def write_files(folder: str, size_mib: int) -> tuple[str, str]:
     return h5, st
 
 
-def fresh(command: list[str], pycache: str) -> tuple[float, int]:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def fresh(command: list[str], pycache: str) -> tuple[float, float, int]:
+    """Wall and CPU seconds of a fresh process, and the lines it printed."""
     env = bytecode_environment(pycache)
+    cpu = _children_cpu()
     started = time.perf_counter()
     out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO, env=env).stdout
-    return time.perf_counter() - started, len(out.splitlines())
+    return time.perf_counter() - started, _children_cpu() - cpu, len(out.splitlines())
 
 
-def in_process_h5py(path: str) -> float:
+def in_process_h5py(path: str) -> tuple[float, float, int]:
     import h5py
 
     listing = []
@@ -94,27 +103,27 @@ def in_process_h5py(path: str) -> float:
         if isinstance(item, h5py.Dataset):
             listing.append((name, item.dtype, list(item.shape)))
 
-    started = time.perf_counter()
+    cpu, started = time.process_time(), time.perf_counter()
     with h5py.File(path, "r") as file:
         file.visititems(show)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     assert listing
-    return elapsed
+    return elapsed, cpu, len(listing)
 
 
-def in_process_stfs(path: str, first_read: int = 0) -> tuple[float, int, int]:
-    """Seconds, requests, bytes."""
+def in_process_stfs(path: str, first_read: int = 0) -> tuple[float, float, int, int]:
+    """Wall and CPU seconds, requests, bytes."""
     fd = os.open(path, os.O_RDONLY)
     try:
         read = CountedReads(fd)
-        started = time.perf_counter()
+        cpu, started = time.process_time(), time.perf_counter()
         header = read_with(named("hdf5"), read, path=path, file_size=os.fstat(fd).st_size, first_read=first_read)
         listing = [(t.name, t.dtype, list(t.shape)) for t in header.tensors]
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     finally:
         os.close(fd)
     assert listing
-    return elapsed, read.requests, read.bytes
+    return elapsed, cpu, read.requests, read.bytes
 
 
 def main() -> None:
@@ -133,22 +142,25 @@ def main() -> None:
         "info st": lambda: fresh([*info, st], pycache),
         "h5py e2e": lambda: fresh([sys.executable, "-c", H5PY_LIST, h5], pycache),
         "stfs e2e": lambda: fresh([sys.executable, "-c", STFS_LIST, h5], pycache),
-        "h5py in": lambda: (in_process_h5py(h5), 0),
-        "stfs in": lambda: (in_process_stfs(h5)[0], 0),
+        "h5py in": lambda: in_process_h5py(h5),
+        "stfs in": lambda: in_process_stfs(h5)[:2] + (0,),
     }
     results: dict[str, list[float]] = {key: [] for key in runs}
+    cpu: dict[str, list[float]] = {key: [] for key in runs}
     lines: dict[str, int] = {}
     for run in runs.values():
         run()  # bytecode compiled, imports warm
     for _ in range(args.rounds):
         for key, run in runs.items():
-            seconds, count = run()
+            seconds, cpu_seconds, count = run()
             results[key].append(seconds)
+            cpu[key].append(cpu_seconds)
             lines[key] = count
     assert lines["h5py e2e"] == lines["stfs e2e"], lines
     median = {key: statistics.median(values) for key, values in results.items()}
     best = {key: min(values) for key, values in results.items()}
-    _, requests, read_bytes = in_process_stfs(h5, first_read=100_000)
+    cpu_median = {key: statistics.median(values) for key, values in cpu.items()}
+    _, _, requests, read_bytes = in_process_stfs(h5, first_read=100_000)
     print(f"{h5}: {os.path.getsize(h5) / MIB:.0f} MiB, {lines['stfs e2e']} datasets")
     rows = (
         ("stfs info (fresh process)", "info st", "info h5", "safetensors", ".weights.h5"),
@@ -156,7 +168,7 @@ def main() -> None:
         ("listing, in process", "h5py in", "stfs in", "h5py", "stfs"),
     )
     for label, theirs_key, ours_key, theirs_name, ours_name in rows:
-        for kind, values in (("median", median), ("best", best)):
+        for kind, values in (("median", median), ("best", best), ("CPU, median", cpu_median)):
             ours, theirs = values[ours_key], values[theirs_key]
             print(
                 f"{label + ', ' + kind:34} {theirs_name:>12} {theirs * 1000:8.1f} ms   {ours_name:>12} "

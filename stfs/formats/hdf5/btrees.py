@@ -25,14 +25,18 @@ def v1_leaves(reader: Reader, root: int, node_type: int, key_size: int) -> Itera
         if node in seen or node == reader.undefined:
             raise BadStructure(reader.path, f"a version 1 B-tree comes back to node {node}")
         seen.add(node)
-        head = reader.at(node, 8 + 2 * o, "a version 1 B-tree node")
+        head = reader.upto(node, 1024, "a version 1 B-tree node", 8 + 2 * o)
         if head[:4] != b"TREE" or head[4] != node_type:
             raise BadStructure(reader.path, f"no version 1 B-tree node (TREE, type {node_type}) at address {node}")
         level, used = head[5], int.from_bytes(head[6:8], "little")
         expected = level_of[node]
         if expected >= 0 and level != expected:
             raise BadStructure(reader.path, f"a version 1 B-tree node at {node} has level {level}, not {expected}")
-        body = reader.at(node + 8 + 2 * o, used * (key_size + o) + key_size, "a version 1 B-tree node")
+        length = used * (key_size + o) + key_size
+        if 8 + 2 * o + length <= len(head):
+            body = head[8 + 2 * o : 8 + 2 * o + length]
+        else:
+            body = reader.at(node + 8 + 2 * o, length, "a version 1 B-tree node")
         step = key_size + o
         children = [
             (body[at : at + key_size], int.from_bytes(body[at + key_size : at + step], "little"))

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from ..base import RangeFetcher, ReadMany
 from .rules import BadStructure, Hdf5Truncated, TooLarge
 
-WINDOW = 2048  # bytes read at least at a miss: an object header and what h5py allocates beside it
+WINDOW = 2048  # bytes read at least at a miss of a remote file: an object header and what h5py allocates beside it
+LOCAL_WINDOW = 4096  # of a local file (a first read of a few bytes says reads are cheap), no prefetch
+CHEAP_FIRST_READ = 4096  # a source whose first read is smaller reads cheaply (a local file's: 8 bytes)
 COALESCE = 256  # windows of a prefetch closer than this are read as one
 MAX_METADATA = 256 << 20  # metadata bytes one header may read in all
 MAX_STEPS = 2_000_000  # objects, nodes, messages and records one header may walk
@@ -81,9 +83,17 @@ class Reader:
         self._windows: dict[int, bytes] = {}
         self._read = 0
         self._steps = 0
-        self._many: ReadMany | None = getattr(fetch, "many", None)
+        self._last: tuple[int, int, bytes] = (0, 0, b"")  # the window the last read found: most reads follow it
+        cheap = first_read < CHEAP_FIRST_READ
+        self.window = LOCAL_WINDOW if cheap else WINDOW
+        self._many: ReadMany | None = None if cheap else getattr(fetch, "many", None)
         if first_read:
             self._fill(0, min(first_read, size))
+
+    @property
+    def batches(self) -> bool:
+        """Whether reads are asked for in batches (``prefetch``): a remote file's."""
+        return self._many is not None
 
     def set_sizes(self, base: int, offset_size: int, length_size: int) -> None:
         self.base = base
@@ -104,22 +114,36 @@ class Reader:
         """``size`` bytes at ``address``; ``Hdf5Truncated`` naming ``what`` where they are not all in the file."""
         return self.raw(self.base + address, size, what)
 
+    def upto(self, address: int, size: int, what: str, least: int) -> bytes:
+        """At least ``least`` bytes at ``address``, and up to ``size`` where the window read for them holds more: a
+        structure whose length its first bytes tell, taken in one go where it is short (never a read for more)."""
+        offset = self.base + address
+        self.raw(offset, least, what)  # the window that holds them is now the last one found
+        first, end, window = self._last
+        if not first <= offset <= offset + least <= end:
+            return self.raw(offset, least, what)
+        return window[offset - first : min(offset - first + size, end - first)]
+
     def raw(self, offset: int, size: int, what: str) -> bytes:
         """``size`` bytes at ``offset`` from the start of the HDF5 file (before its superblock too)."""
         if offset < 0 or size < 0 or offset + size > self.size:
             raise Hdf5Truncated(
                 self.path, f"{what} at byte {offset} ({size} bytes) lies past the end of the file ({self.size} bytes)"
             )
+        first, end, window = self._last
+        if first <= offset and offset + size <= end:
+            return window[offset - first : offset - first + size]
         i = bisect.bisect_right(self._starts, offset) - 1
         if i >= 0:
             first = self._starts[i]
             window = self._windows[first]
             if offset + size <= first + len(window):
+                self._last = (first, first + len(window), window)
                 return window[offset - first : offset - first + size]
         return self._fill(offset, size)[:size]
 
     def _fill(self, offset: int, size: int) -> bytes:
-        length = min(max(size, WINDOW), self.size - offset)
+        length = min(max(size, self.window), self.size - offset)
         self._read += length
         if self._read > MAX_METADATA:
             raise TooLarge(self.path, f"its metadata is more than {MAX_METADATA >> 20} MiB")
@@ -127,6 +151,7 @@ class Reader:
         if len(data) < size:
             raise Hdf5Truncated(self.path, f"the file ends at byte {offset + len(data)}, inside bytes {offset}+{size}")
         self._keep(offset, data)
+        self._last = (offset, offset + len(data), data)
         return data
 
     def _keep(self, offset: int, data: bytes) -> None:

@@ -4,6 +4,7 @@ root group is, and each object's messages (type, flags, bytes, and where those b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .io import Fields, Reader
 from .rules import BadStructure, BadSuperblock, Hdf5Truncated, NoSuperblock
@@ -76,10 +77,9 @@ def read_superblock(reader: Reader) -> Superblock:
     return Superblock(version, root, end_of_file)
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """One header message: its ``kind`` (the specification's message type), flags, bytes, and the address of its
-    first byte (a compact dataset's data lies in its layout message)."""
+    first byte (a compact dataset's data lies in its layout message). A tuple: hundreds of thousands are made."""
 
     kind: int
     flags: int
@@ -91,7 +91,7 @@ def read_object(reader: Reader, address: int) -> list[Message]:
     """The messages of the object header at ``address``, its continuation blocks' included, in order."""
     if address == reader.undefined:
         raise BadStructure(reader.path, "an object header address is undefined")
-    first = reader.at(address, 16, "an object header")
+    first = reader.upto(address, 512, "an object header", 16)
     if first[:4] == b"OHDR":
         return _version2(reader, address)
     if first[0] != 1:
@@ -103,7 +103,10 @@ def read_object(reader: Reader, address: int) -> list[Message]:
     while blocks:
         start, length = blocks.pop(0)
         reader.step()
-        data = reader.at(start, length, "an object header")
+        if start == address + 16 and 16 + length <= len(first):
+            data = first[16 : 16 + length]
+        else:
+            data = reader.at(start, length, "an object header")
         pos = 0
         while pos + 8 <= length:
             kind, msize, flags = data[pos] | data[pos + 1] << 8, data[pos + 2] | data[pos + 3] << 8, data[pos + 4]

@@ -48,7 +48,8 @@ def walk(reader: Reader, root: int) -> list[Found]:
     seen: set[int] = set()
     level: list[tuple[int, tuple[str, ...]]] = [(root, ())]
     while level:
-        reader.prefetch([address for address, _ in level], PREFETCH)
+        if reader.batches:
+            reader.prefetch([address for address, _ in level], PREFETCH)
         following: list[tuple[int, tuple[str, ...]]] = []
         groups: list[Found] = []
         for address, path in level:
@@ -64,7 +65,8 @@ def walk(reader: Reader, root: int) -> list[Found]:
             elif kinds & {SYMBOL_TABLE, LINK_INFO, LINK} or not path:
                 groups.append(Found(path, False, messages))
             # anything else (a committed datatype) is no tensor
-        _prefetch_tables(reader, groups)
+        if reader.batches:
+            _prefetch_tables(reader, groups)
         for group in groups:
             found.append(group)
             links = sorted(group_links(reader, group.messages), key=lambda link: link.name)
@@ -113,11 +115,13 @@ def _symbol_table(reader: Reader, btree: int, heap: LocalHeap) -> Iterator[Link]
     o = reader.offset_size
     entry = 2 * o + 24
     for _, node in v1_leaves(reader, btree, 0, reader.length_size):
-        head = reader.at(node, 8, "a symbol table node")
+        head = reader.upto(node, 1024, "a symbol table node", 8)
         if head[:4] != b"SNOD" or head[4] != 1:
             raise BadStructure(reader.path, f"no symbol table node (SNOD, version 1) at address {node}")
         count = int.from_bytes(head[6:8], "little")
-        data = reader.at(node + 8, count * entry, "a symbol table node")
+        data = head[8 : 8 + count * entry]
+        if len(data) < count * entry:
+            data = reader.at(node + 8, count * entry, "a symbol table node")
         reader.step(count)
         for at in range(0, count * entry, entry):
             name_offset = int.from_bytes(data[at : at + o], "little")
