@@ -97,13 +97,14 @@ def stfs_tensors(data: bytes, path: str) -> dict[str, bytes]:
     header = read_with(named("hdf5"), fetch, path=path, file_size=len(data))
     out = {}
     for entry in header.tensors:
+        # what the seam checks of every format: a dtype of the table, bytes = shape x size, a range inside the file
         assert entry.size == entry.parameters * dtype(entry.dtype).element_bytes, (entry.name, "size")
+        assert 0 <= entry.begin <= entry.end <= len(data), (entry.name, entry.begin, entry.end)
         if entry.scattered is not None:
             buffer = bytearray(entry.size)
             entry.scattered.read_into(lambda o, n, file=None, span=None: data[o : o + n], 0, memoryview(buffer))
             out[entry.name] = bytes(buffer)
         else:
-            assert 0 <= entry.begin <= entry.end <= len(data), (entry.name, entry.begin, entry.end)
             out[entry.name] = data[entry.begin : entry.end]
     return out
 

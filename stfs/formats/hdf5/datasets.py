@@ -45,7 +45,7 @@ UNSIGNED = {1: "U8", 2: "U16", 4: "U32", 8: "U64"}
 @dataclass(frozen=True, slots=True)
 class Hdf5Entry(TensorEntry):
     """A dataset's tensor: ``begin``/``end`` absolute in the file (its ``Header`` has ``data_start`` 0); a chunked one
-    gathered by ``chunked`` (``begin`` where its first chunk lies). Its files' xattrs ``user.hdf5.*`` add ``dataset``,
+    gathered by ``chunked`` (``begin`` where its lowest chunk lies). Its files' xattrs ``user.hdf5.*`` add ``dataset``,
     its path in the file."""
 
     dataset: str = ""
@@ -164,7 +164,7 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
 
         addresses = chunk_addresses(reader, layout, shape, space.maxshape, itemsize, name)
         chunked = Chunked(shape, layout.chunk, itemsize, tuple(addresses))
-        begin = chunked.offset
+        begin = chunked.span[0]  # the lowest chunk: every chunk ends in the file, so begin + nbytes does too
         return Hdf5Entry(name, dtype, shape, begin, begin + nbytes, dataset=shown, chunked=chunked)
     if layout.kind == "compact":
         if layout.size < nbytes:
