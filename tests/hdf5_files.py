@@ -80,21 +80,26 @@ def write_h5py(
     return path
 
 
-def write_keras(folder: Path, *, bf16: bool = True) -> tuple[Path, Path]:
-    """A small Keras 3 model (a bfloat16 layer where ``bf16``) saved as ``.weights.h5`` and ``.keras``."""
+def write_keras(folder: Path, *, bf16: bool = True) -> tuple[Path, Path, Path]:
+    """A small Keras 3 model (a bfloat16 layer where ``bf16``) saved as ``.weights.h5``, ``.keras`` and the legacy
+    ``.h5`` of Keras 2 (``model_weights/`` with ``layer_names``, ``model_config`` a variable-length string)."""
     import keras
 
-    layers = [
-        keras.Input((6,)),
-        keras.layers.Dense(5, dtype="bfloat16" if bf16 else "float32", name="first"),
-        keras.layers.LayerNormalization(name="norm"),
-        keras.layers.Dense(3, name="last"),
-    ]
-    model = keras.Sequential(layers, name="net")
-    weights, whole = folder / "net.weights.h5", folder / "net.keras"
-    model.save_weights(weights)
-    model.save(whole)
-    return weights, whole
+    def model(bf16: bool) -> keras.Model:
+        layers = [
+            keras.Input((6,)),
+            keras.layers.Dense(5, dtype="bfloat16" if bf16 else "float32", name="first"),
+            keras.layers.LayerNormalization(name="norm"),
+            keras.layers.Dense(3, name="last"),
+        ]
+        return keras.Sequential(layers, name="net")
+
+    weights, whole, legacy = folder / "net.weights.h5", folder / "net.keras", folder / "legacy.h5"
+    built = model(bf16)
+    built.save_weights(weights)
+    built.save(whole)
+    model(False).save(legacy)  # "considered legacy": what tf_model.h5 files are (its bfloat16 has no dtype attribute)
+    return weights, whole, legacy
 
 
 def many_links(path: Path, count: int, *, libver: str = "latest", track_order: bool = False) -> Path:

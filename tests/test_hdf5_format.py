@@ -88,7 +88,7 @@ def test_chunked_datasets_are_gathered_from_their_chunks(
 
 
 def test_keras_weights_and_a_keras_file_with_bfloat16(tmp_path: Path, mount: MountFn) -> None:
-    weights, whole = write_keras(tmp_path)
+    weights, whole, legacy = write_keras(tmp_path)
     mnt = mount(str(tmp_path), options=["view=f32"])
     import zipfile
 
@@ -105,6 +105,10 @@ def test_keras_weights_and_a_keras_file_with_bfloat16(tmp_path: Path, mount: Mou
         f32 = np.frombuffer(tensor_file(str(model), "layers.dense.vars.0", "f32").read_bytes(), np.float32)
         assert np.array_equal(raw.astype(np.float32), f32)
     assert Path(mnt, "net", "metadata", "config.json").read_text() == config.rstrip("\n") + "\n"
+    assert_same_as_h5py(legacy, str(Path(mnt, "legacy")))
+    metadata = Path(mnt, "legacy", "metadata")
+    assert json.loads((metadata / "model_weights.layer_names").read_text()) == ["first", "norm", "last"]
+    assert json.loads(json.loads((metadata / "model_config").read_text()))["config"]["name"] == "net"
     assert json.loads(Path(mnt, "net", "metadata", "metadata.json").read_text())["keras_version"]
 
 

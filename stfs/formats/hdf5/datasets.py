@@ -112,9 +112,10 @@ def dtype_name(reader: Reader, heap: GlobalHeap, datatype: Datatype, messages: l
             return FLOATS[key]
     elif datatype.cls == ENUM and datatype.size == 1 and sorted(datatype.members) == [("FALSE", 0), ("TRUE", 1)]:
         return "BOOL"  # h5py's bool
+    hint = " (Keras 3 marks bfloat16 ones with a dtype attribute; this one has none)" if datatype.cls == OPAQUE else ""
     raise UnsupportedType(
         reader.path,
-        f"it holds {datatype.size}-byte {datatype.title} values, which no safetensors dtype names: "
+        f"it holds {datatype.size}-byte {datatype.title} values{hint}, which no safetensors dtype names: "
         "only numbers become tensors (read it with h5py)",
         name,
     )
