@@ -16,24 +16,23 @@ class LocalHeap:
     """A local heap: its data segment, from which an old-style group's names are read by offset."""
 
     def __init__(self, reader: Reader, address: int) -> None:
-        head = reader.at(address, 8 + 2 * reader.length_size + reader.offset_size, "a local heap")
+        o, n = reader.offset_size, reader.length_size
+        head = reader.at(address, 8 + 2 * n + o, "a local heap")
         if head[:4] != b"HEAP" or head[4] != 0:
             raise BadStructure(reader.path, f"no local heap (HEAP, version 0) at address {address}")
-        fields = Fields(reader, head, "a local heap", 8)
-        size = fields.length()
-        fields.length()  # the free list
+        size = int.from_bytes(head[8 : 8 + n], "little")
+        start = int.from_bytes(head[8 + 2 * n : 8 + 2 * n + o], "little")
         self.reader = reader
-        self.start = fields.address()
-        self.size = size
+        self.data = reader.at(start, size, "a local heap's data segment")  # once: a name is found in it by offset
 
     def name(self, offset: int) -> str:
-        if offset >= self.size:
-            raise BadStructure(self.reader.path, f"a name at offset {offset} of a local heap of {self.size} bytes")
-        data = self.reader.at(self.start + offset, min(self.size - offset, MAX_NAME), "a local heap's name")
-        end = data.find(b"\0")
-        if end < 0:
-            raise BadStructure(self.reader.path, f"the name at offset {offset} of a local heap is not terminated")
-        return data[:end].decode("utf-8", "surrogateescape")
+        data = self.data
+        end = data.find(b"\0", offset, offset + MAX_NAME)
+        if offset >= len(data) or end < 0:
+            raise BadStructure(
+                self.reader.path, f"no name ends at offset {offset} of a local heap of {len(data)} bytes"
+            )
+        return data[offset:end].decode("utf-8", "surrogateescape")
 
 
 class GlobalHeap:

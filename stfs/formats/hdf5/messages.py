@@ -156,19 +156,20 @@ class Dataspace:
 
 
 def read_dataspace(reader: Reader, data: bytes) -> Dataspace:
-    fields = Fields(reader, data, "a dataspace message")
-    version, rank, flags = fields.u8(), fields.u8(), fields.u8()
+    if len(data) < 4:
+        raise BadStructure(reader.path, "a dataspace message ends inside its fields")
+    version, rank, flags = data[0], data[1], data[2]
     if version not in (1, 2) or rank > MAX_RANK:
         raise BadStructure(reader.path, f"a dataspace of version {version} and rank {rank}")
-    null = False
-    if version == 1:
-        fields.skip(5)
-    else:
-        kind = fields.u8()
-        null = kind == 2
-    shape = tuple(fields.length() for _ in range(rank))
-    maxshape = tuple(fields.length() for _ in range(rank)) if flags & 1 else shape
-    return Dataspace(shape, null, maxshape)
+    null = version == 2 and data[3] == 2
+    n = reader.length_size
+    at = 8 if version == 1 else 4
+    count = rank * (2 if flags & 1 else 1)
+    if at + count * n > len(data):
+        raise BadStructure(reader.path, "a dataspace message ends inside its dimensions")
+    sizes = [int.from_bytes(data[i : i + n], "little") for i in range(at, at + count * n, n)]
+    shape = tuple(sizes[:rank])
+    return Dataspace(shape, null, tuple(sizes[rank:]) if flags & 1 else shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,8 +305,10 @@ def read_link_info(reader: Reader, data: bytes, attributes: bool = False) -> Den
 
 def read_symbol_table(reader: Reader, data: bytes) -> tuple[int, int]:
     """A symbol table message: (its v1 B-tree's address, its local heap's)."""
-    fields = Fields(reader, data, "a symbol table message")
-    return fields.address(), fields.address()
+    o = reader.offset_size
+    if len(data) < 2 * o:
+        raise BadStructure(reader.path, "a symbol table message ends inside its fields")
+    return int.from_bytes(data[:o], "little"), int.from_bytes(data[o : 2 * o], "little")
 
 
 @dataclass(frozen=True, slots=True)
