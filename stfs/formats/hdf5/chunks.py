@@ -8,9 +8,10 @@ elements of a tensor row that one chunk holds are one run of that chunk.
 
 from __future__ import annotations
 
+import array
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..base import Read, Rows
 from ..gather import GATHER_ELEMENTS, gather_positions
@@ -19,7 +20,7 @@ from .io import Fields, Reader
 from .messages import Layout
 from .rules import BadStructure, UnsupportedStorage
 
-MAX_CHUNKS = 4_000_000
+MAX_CHUNKS = 1_000_000  # chunks of one dataset: their addresses are kept
 UNLIMITED = (1 << 64) - 1
 
 
@@ -32,6 +33,10 @@ class Chunked:
     chunk: tuple[int, ...]
     itemsize: int
     addresses: tuple[int, ...]
+    packed: bytes = field(default=b"", repr=False, compare=False)  # the addresses as int64s, for numpy without a copy
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "packed", array.array("q", self.addresses).tobytes())
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -58,7 +63,7 @@ class Chunked:
         import numpy as np
 
         size = self.itemsize
-        addresses = np.array(self.addresses, dtype=np.int64)
+        addresses = np.frombuffer(self.packed, dtype=np.int64)
         grid = self.grid
         end = begin + len(view)
         done = 0
