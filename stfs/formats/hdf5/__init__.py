@@ -79,12 +79,12 @@ def safetensors_name(path: str) -> str:
 class _Hdf5(Format):
     name = "hdf5"
     title = "HDF5"
-    head_size = 512  # a zip's first local header and the name of its first member
+    head_size = 2048 + len(SIGNATURE)  # the signature after a user block of up to 2 KiB; a zip's first member
 
     def sniff(self, head: bytes) -> bool:
-        """The superblock's signature at byte 0 (a file with a user block is found by its name), or a ``.keras``
-        zip."""
-        return head.startswith(SIGNATURE) or _keras(head)
+        """The superblock's signature at byte 0, 512, 1024 or 2048 (after a user block; a larger one is found by
+        the file's name), or a ``.keras`` zip."""
+        return any(head[at : at + len(SIGNATURE)] == SIGNATURE for at in (0, 512, 1024, 2048)) or _keras(head)
 
     def read_header(
         self, fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: int = 0, first_read: int = 0
