@@ -205,7 +205,7 @@ class Worker:
         line = self.process.stdout.readline()
         return json.loads(line) if line else {}
 
-    def run(self, data: bytes, keras: bool, timeout: float) -> tuple[dict[str, Any], str]:
+    def run(self, data: bytes, keras: bool, timeout: float, h5py_timeout: float) -> tuple[dict[str, Any], str]:
         process = self.process
         assert process.stdin is not None
         try:
@@ -221,7 +221,7 @@ class Worker:
             return self._restart({"status": "finding", "why": f"worker died (exit {code}): a crash or the cap"}), ""
         if result["status"] != "accepted":
             return result, ""
-        compared = self._line(timeout * 3)
+        compared = self._line(h5py_timeout)
         if not compared:  # libhdf5 hung or crashed on the file stfs read: h5py's, not a finding
             self._restart({})
             return result, "h5py crashed or hung"
@@ -246,6 +246,7 @@ def main() -> int:
     parser.add_argument("--out", default="", help="folder for seeds and findings (default: a temporary one)")
     parser.add_argument("--memory", type=int, default=256, help="MiB a case may add to the worker's address space")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds a case may take")
+    parser.add_argument("--h5py-timeout", type=float, default=3.0, help="seconds h5py may take (then counted apart)")
     parser.add_argument("--no-keras", action="store_true", help="seeds from h5py alone (no Keras import)")
     parser.add_argument("--replay", nargs="*", default=None, help="run these files, once each")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -283,7 +284,7 @@ def main() -> int:
                     break
                 name, seed = seeds[done] if done < len(seeds) else rng.choice(seeds)
                 data, how = (seed, "seed") if done < len(seeds) else mutate(rng, seed)
-            result, compared = runner.run(data, name.endswith(".keras"), args.timeout)
+            result, compared = runner.run(data, name.endswith(".keras"), args.timeout, args.h5py_timeout)
             done += 1
             tally[result["status"]] += 1
             if result["status"] == "refused":
