@@ -138,22 +138,22 @@ def chunk_addresses(
     found: list[int | None] = [None] * count
     if count == 0 or layout.address == reader.undefined:
         pass
-    elif layout.index == 0:
+    elif layout.indexing == 0:
         _btree_v1(reader, layout.address, chunk, grid, nbytes, found, name)
-    elif layout.index == 1:
+    elif layout.indexing == 1:
         if layout.single_filtered is not None:
             raise BadStructure(reader.path, "a single chunk marked filtered in a dataset without filters", name)
         found[0] = layout.address
-    elif layout.index == 2:
+    elif layout.indexing == 2:
         found[:] = [layout.address + i * nbytes for i in range(count)]
-    elif layout.index == 3:
+    elif layout.indexing == 3:
         _fixed_array(reader, layout.address, found, name)
-    elif layout.index == 4:
+    elif layout.indexing == 4:
         _extensible(reader, layout.address, chunk, grid, maxshape, found, name)
-    elif layout.index == 5:
+    elif layout.indexing == 5:
         _btree_v2(reader, layout.address, grid, found)
     else:
-        raise BadStructure(reader.path, f"chunk index type {layout.index}", name)
+        raise BadStructure(reader.path, f"chunk index type {layout.indexing}", name)
     missing = sum(address is None for address in found)
     if missing:
         raise UnsupportedStorage(

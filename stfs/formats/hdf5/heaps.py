@@ -4,7 +4,7 @@ bounded."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .io import Fields, Reader
 from .rules import BadStructure, UnsupportedStorage
@@ -71,8 +71,7 @@ class GlobalHeap:
         return objects
 
 
-@dataclass(frozen=True, slots=True)
-class _Table:
+class _Table(NamedTuple):
     width: int
     start: int  # the starting block size
     max_direct: int

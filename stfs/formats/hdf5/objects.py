@@ -3,7 +3,6 @@ root group is, and each object's messages (type, flags, bytes, and where those b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from .io import Fields, Reader
@@ -25,8 +24,7 @@ def find_superblock(reader: Reader) -> int:
     raise NoSuperblock(reader.path, "no HDF5 superblock signature at byte 0, 512, 1024, ...: not an HDF5 file")
 
 
-@dataclass(frozen=True, slots=True)
-class Superblock:
+class Superblock(NamedTuple):
     """What the reader needs of a superblock: its version and where the root group's object header is (versions 0
     and 1 also cache the root's symbol table, which the object header holds as well)."""
 

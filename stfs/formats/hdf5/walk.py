@@ -6,7 +6,7 @@ level by level so that a remote file's object headers of one level are fetched a
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .btrees import v1_leaves, v2_records
 from .heaps import FractalHeap, LocalHeap
@@ -32,8 +32,7 @@ MAX_OBJECTS = 1_000_000
 PREFETCH = 512  # bytes read ahead at each object header, B-tree node or heap of a level: most fit
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
+class Found(NamedTuple):
     """An object reached by the walk: its path of link names from the root, whether a dataset (one with a layout)
     or a group, its messages."""
 
