@@ -240,3 +240,19 @@ def test_the_fuzzer_finds_nothing_in_a_short_run(tmp_path: Path) -> None:
     result = run([*command, "--out", str(tmp_path)], timeout=110)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "findings: 0" in result.stdout and "'accepted'" in result.stdout, result.stdout
+
+
+def test_a_link_name_holding_a_dot_or_percent_is_escaped_so_names_stay_apart(tmp_path: Path, mount: MountFn) -> None:
+    source = tmp_path / "dots.h5"
+    with h5py.File(source, "w") as file:
+        file["a.b/c"] = np.full(2, 1, np.int8)  # a group named "a.b"
+        file["a/b.c"] = np.full(2, 2, np.int8)  # a dataset named "b.c"
+        file["a/b/c"] = np.full(2, 3, np.int8)
+        file["100%/x"] = np.full(2, 4, np.int8)
+    mnt = mount(str(source))
+    header = json.loads(Path(mnt, "header.json").read_bytes())
+    assert sorted(set(header) - {"__metadata__"}) == ["100%25.x", "a%2Eb.c", "a.b%2Ec", "a.b.c"]
+    for name, value in (("a%2Eb.c", 1), ("a.b%2Ec", 2), ("a.b.c", 3), ("100%25.x", 4)):
+        path = Path(mnt, "tensors", *(part.replace("%", "%25") for part in name.split(".")))
+        assert path.read_bytes() == bytes([value, value]), name
+        assert os.getxattr(path, "user.hdf5.name").decode() == name
