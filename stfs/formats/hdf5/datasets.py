@@ -125,7 +125,10 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
     """The tensor of the dataset at ``path``; ``None`` for a dataset of no elements at all (a null dataspace)."""
     name = tensor_name(path)
     shown = "/" + "/".join(path)
-    space_message, type_message, layout_message = (_one(messages, kind) for kind in (DATASPACE, DATATYPE, LAYOUT))
+    first: dict[int, Message] = {}
+    for message in messages:
+        first.setdefault(message.kind, message)
+    space_message, type_message, layout_message = first.get(DATASPACE), first.get(DATATYPE), first.get(LAYOUT)
     if space_message is None or type_message is None or layout_message is None:
         raise BadStructure(reader.path, "a dataset without a dataspace, datatype and layout message", name)
     space = read_dataspace(reader, space_message.data)
@@ -136,7 +139,7 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
     itemsize = datatype.size
     shape = space.shape
     nbytes = math.prod(shape) * itemsize
-    pipeline = _one(messages, PIPELINE)
+    pipeline = first.get(PIPELINE)
     if pipeline is not None:
         filters = read_filters(reader, pipeline.data)
         if filters:
@@ -147,7 +150,7 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
                 "filters (h5py: compression=None, shuffle=False)",
                 name,
             )
-    if _one(messages, EXTERNAL) is not None:
+    if EXTERNAL in first:
         raise UnsupportedStorage(
             reader.path, "its values are in external files, not in this one: write it into the file itself", name
         )

@@ -106,13 +106,18 @@ def read_object(reader: Reader, address: int) -> list[Message]:
         else:
             data = reader.at(start, length, "an object header")
         pos = 0
+        before = len(messages)
         while pos + 8 <= length:
             kind, msize, flags = data[pos] | data[pos + 1] << 8, data[pos + 2] | data[pos + 3] << 8, data[pos + 4]
             body = pos + 8
             if body + msize > length:
                 raise BadStructure(reader.path, f"a message of the object header at address {address} ends past it")
-            _add(reader, messages, kind, flags, data[body : body + msize], start + body, blocks, seen, address)
+            if kind == CONTINUATION or len(messages) >= MAX_MESSAGES:
+                _add(reader, messages, kind, flags, data[body : body + msize], start + body, blocks, seen, address)
+            else:
+                messages.append(Message(kind, flags, data[body : body + msize], start + body))
             pos = body + msize
+        reader.step(len(messages) - before)
     return messages
 
 
