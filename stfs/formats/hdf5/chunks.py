@@ -200,6 +200,8 @@ def _btree_v1(
         fields = Fields(reader, key, "a chunk's B-tree key")
         size, mask = fields.u32(), fields.u32()
         offsets = tuple(fields.u64() for _ in range(rank))
+        if fields.u64():  # the element's dimension: always 0 (libhdf5 finds no chunk at another)
+            raise BadStructure(reader.path, "a chunk's key has an offset in its element dimension", name)
         if mask or size != nbytes:
             raise BadStructure(reader.path, f"a chunk of {size} bytes (filter mask {mask}) where {nbytes} belong", name)
         if any(o % c for o, c in zip(offsets, chunk, strict=True)):

@@ -5,6 +5,7 @@ level by level so that a remote file's object headers of one level are fetched a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -69,6 +70,10 @@ def walk(reader: Reader, root: int) -> list[Found]:
         for group in groups:
             found.append(group)
             links = sorted(group_links(reader, group.messages), key=lambda link: link.name)
+            for one, other in itertools.pairwise(links):
+                if one.name == other.name:  # a group's names are unique: which would h5py's lookup give?
+                    where = "/" + "/".join(group.path)
+                    raise BadStructure(reader.path, f"the group {where} has two links named {one.name!r}")
             following.extend((link.address, (*group.path, link.name)) for link in links if link.address is not None)
         level = following
     return sorted(found, key=lambda item: item.path)
