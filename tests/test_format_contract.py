@@ -152,6 +152,18 @@ def write_deepspeed(stem: Path, arrays: Arrays) -> Path:
     return stem
 
 
+def write_hdf5(stem: Path, arrays: Arrays) -> Path:
+    """An h5py file: each tensor a dataset at the path its dots make (``model/layers/0/weight``), a file attribute."""
+    import h5py
+
+    path = stem.with_suffix(".h5")
+    with h5py.File(path, "w") as file:
+        file.attrs["note"] = "written by h5py"
+        for name, array in arrays.items():
+            file.create_dataset(name.replace(".", "/"), data=array)
+    return path
+
+
 WRITERS: dict[str, Writer] = {
     "safetensors": write_safetensors,
     "gguf": write_gguf,
@@ -161,6 +173,7 @@ WRITERS: dict[str, Writer] = {
     "npz": write_npz,
     "flax": write_flax,
     "deepspeed": write_deepspeed,
+    "hdf5": write_hdf5,
 }
 
 
@@ -343,8 +356,8 @@ def every_title() -> str:
 
 
 def no_format_file(source: Path) -> Path:
-    if source.suffix == ".h5":
-        source.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))  # a Keras model: HDF5's signature
+    if source.suffix == ".tflite":
+        source.write_bytes(b"\x1c\x00\x00\x00TFL3" + bytes(64))  # a TensorFlow Lite flatbuffer
     else:  # a zip of notes: a zip-based format's sniff looks at its members, not at the zip's signature alone
         import zipfile
 
@@ -353,7 +366,7 @@ def no_format_file(source: Path) -> Path:
     return source
 
 
-@pytest.mark.parametrize("name", ["model.h5", "notes.zip"])
+@pytest.mark.parametrize("name", ["model.tflite", "notes.zip"])
 def test_a_file_of_no_format_names_the_formats_stfs_reads(tmp_path: Path, require_fuse: None, name: str) -> None:
     source = no_format_file(tmp_path / name)
     result = refusal(source, tmp_path)

@@ -59,6 +59,7 @@ REGISTRY: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("npz", (".npz", ".npy"), ()),
     ("flax", (".msgpack",), (".msgpack.index.json",)),
     ("deepspeed", ("_model_states.pt", "latest"), ()),  # a ZeRO run's tag folder, or the folder whose latest names it
+    ("hdf5", (".h5", ".hdf5", ".keras"), ()),  # .weights.h5 too; a .keras is a zip holding model.weights.h5
 )
 MODEL_SUFFIXES = tuple(suffix for _, suffixes, _ in REGISTRY for suffix in suffixes)
 INDEX_SUFFIXES = tuple(suffix for _, _, indexes in REGISTRY for suffix in indexes)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .base import RangeFetcher, Rows, read_exact
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 
 class Elements(Protocol):
@@ -71,7 +74,6 @@ def gather_into(tensor: Elements, read: RangeFetcher, begin: int, view: memoryvi
     import numpy as np
 
     size = tensor.itemsize
-    item = np.dtype(f"V{size}")
     end = begin + len(view)
     done = 0
     while begin + done < end:
@@ -82,27 +84,41 @@ def gather_into(tensor: Elements, read: RangeFetcher, begin: int, view: memoryvi
         for dim, stride in zip(reversed(tensor.shape), reversed(tensor.strides), strict=True):
             positions += (index % dim) * stride
             index //= dim
-        order = np.argsort(positions, kind="stable")
-        ordered = positions[order]
-        gaps = np.flatnonzero(np.diff(ordered) * size > GATHER_GAP)
-        out = np.empty(len(ordered), dtype=item)
-        start = 0
-        while start < len(ordered):
-            stop = int(np.searchsorted(ordered, ordered[start] + GATHER_WINDOW // size, side="left"))
-            cut = int(np.searchsorted(gaps, start, side="left"))
-            if cut < len(gaps) and gaps[cut] + 1 < stop:
-                stop = int(gaps[cut]) + 1
-            low = int(ordered[start])
-            raw = read_exact(
-                read, tensor.storage_start + low * size, (int(ordered[stop - 1]) - low + 1) * size, "<gather>"
-            )
-            out[order[start:stop]] = np.frombuffer(raw, dtype=item)[ordered[start:stop] - low]
-            start = stop
+        out = gather_positions(read, tensor.storage_start, positions * size, size)
         chunk = memoryview(out.view(np.uint8).data)
         skip = begin + done - first * size
         length = min(end - begin - done, len(chunk) - skip)
         view[done : done + length] = chunk[skip : skip + length]
         done += length
+
+
+def gather_positions(read: RangeFetcher, start: int, positions: NDArray[Any], size: int) -> NDArray[Any]:
+    """The elements of ``size`` bytes at byte ``positions`` from the absolute ``start`` of a file, as an array of
+    ``V{size}``: the positions sorted and read in windows of at most ``GATHER_WINDOW`` bytes, split where they lie
+    ``GATHER_GAP`` apart (only the parts that hold them are read)."""
+    import numpy as np
+
+    item = np.dtype(f"V{size}")
+    order = np.argsort(positions, kind="stable")
+    ordered = positions[order]
+    gaps = np.flatnonzero(np.diff(ordered) > GATHER_GAP)
+    out = np.empty(len(ordered), dtype=item)
+    begin = 0
+    while begin < len(ordered):
+        stop = int(np.searchsorted(ordered, ordered[begin] + GATHER_WINDOW, side="left"))
+        cut = int(np.searchsorted(gaps, begin, side="left"))
+        if cut < len(gaps) and gaps[cut] + 1 < stop:
+            stop = int(gaps[cut]) + 1
+        low = int(ordered[begin])
+        raw = read_exact(read, start + low, int(ordered[stop - 1]) - low + size, "<gather>")
+        relative = ordered[begin:stop] - low
+        if not np.any(relative % size):  # whole elements from the window's start: one view of it
+            out[order[begin:stop]] = np.frombuffer(raw, dtype=item)[relative // size]
+        else:
+            picks = relative[:, None] + np.arange(size)
+            out[order[begin:stop]] = np.frombuffer(raw, dtype=np.uint8)[picks].view(item).reshape(-1)
+        begin = stop
+    return out
 
 
 def strided_layout(tensor: Elements, limit: int) -> tuple[Rows | bytes, ...] | str:

@@ -1,0 +1,145 @@
+"""The walk from the root group to every object: a group's links (a symbol table's B-tree and local heap; link
+messages; dense links in a fractal heap indexed by a version 2 B-tree), an object's attributes (messages, or dense),
+level by level so that a remote file's object headers of one level are fetched at once. Each object is visited once
+(a hard link to a group above is not followed again), by its first path in name order, as h5py's ``visititems``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from .btrees import v1_leaves, v2_records
+from .heaps import FractalHeap, LocalHeap
+from .io import Reader
+from .messages import (
+    ATTRIBUTE,
+    ATTRIBUTE_INFO,
+    LAYOUT,
+    LINK,
+    LINK_INFO,
+    SYMBOL_TABLE,
+    Attribute,
+    Link,
+    read_attribute,
+    read_link,
+    read_link_info,
+    read_symbol_table,
+)
+from .objects import Message, read_object
+from .rules import BadStructure, TooLarge
+
+MAX_OBJECTS = 1_000_000
+PREFETCH = 512  # bytes read ahead at each object header, B-tree node or heap of a level: most fit
+
+
+class Found(NamedTuple):
+    """An object reached by the walk: its path of link names from the root, whether a dataset (one with a layout)
+    or a group, its messages."""
+
+    path: tuple[str, ...]
+    dataset: bool
+    messages: list[Message]
+
+
+def walk(reader: Reader, root: int) -> list[Found]:
+    """Every group and dataset below ``root``, the root group included, in h5py's order (a group's links by name)."""
+    found: list[Found] = []
+    seen: set[int] = set()
+    level: list[tuple[int, tuple[str, ...]]] = [(root, ())]
+    while level:
+        if reader.batches:
+            reader.prefetch([address for address, _ in level], PREFETCH)
+        following: list[tuple[int, tuple[str, ...]]] = []
+        groups: list[Found] = []
+        for address, path in level:
+            if address in seen:
+                continue
+            seen.add(address)
+            if len(seen) > MAX_OBJECTS:
+                raise TooLarge(reader.path, f"it holds more than {MAX_OBJECTS:,} objects")
+            messages = read_object(reader, address)
+            kinds = {message.kind for message in messages}
+            if LAYOUT in kinds:
+                found.append(Found(path, True, messages))
+            elif kinds & {SYMBOL_TABLE, LINK_INFO, LINK} or not path:
+                groups.append(Found(path, False, messages))
+            # anything else (a committed datatype) is no tensor
+        if reader.batches:
+            _prefetch_tables(reader, groups)
+        for group in groups:
+            found.append(group)
+            links = sorted(group_links(reader, group.messages), key=lambda link: link.name)
+            for one, other in itertools.pairwise(links):
+                if one.name == other.name:  # a group's names are unique: which would h5py's lookup give?
+                    where = "/" + "/".join(group.path)
+                    raise BadStructure(reader.path, f"the group {where} has two links named {one.name!r}")
+            following.extend((link.address, (*group.path, link.name)) for link in links if link.address is not None)
+        level = following
+    return sorted(found, key=lambda item: item.path)
+
+
+def _prefetch_tables(reader: Reader, groups: list[Found]) -> None:
+    """Read the symbol tables of a level's old-style groups at once: their B-tree roots and local heaps, then the
+    symbol table nodes of the roots that are leaves (a remote file's in a request each, in parallel)."""
+    tables = [
+        read_symbol_table(reader, message.data)
+        for group in groups
+        for message in group.messages
+        if message.kind == SYMBOL_TABLE
+    ]
+    if not tables:
+        return
+    reader.prefetch([address for table in tables for address in table], PREFETCH)
+    nodes = []
+    for btree, _ in tables:
+        head = reader.at(btree, 8, "a version 1 B-tree node")
+        if head[:4] == b"TREE" and head[5] == 0:  # a leaf: its children are symbol table nodes
+            nodes += [child for _, child in v1_leaves(reader, btree, 0, reader.length_size)]
+    reader.prefetch(nodes, PREFETCH)
+
+
+def group_links(reader: Reader, messages: list[Message]) -> Iterator[Link]:
+    """A group's links, whichever way it keeps them."""
+    for message in messages:
+        if message.kind == SYMBOL_TABLE:
+            btree, heap_address = read_symbol_table(reader, message.data)
+            yield from _symbol_table(reader, btree, LocalHeap(reader, heap_address))
+        elif message.kind == LINK:
+            yield read_link(reader, message.data)
+        elif message.kind == LINK_INFO:
+            dense = read_link_info(reader, message.data)
+            if dense.heap != reader.undefined:
+                heap = FractalHeap(reader, dense.heap)
+                for record in v2_records(reader, dense.names, 5):
+                    yield read_link(reader, heap.get(record[4:]))
+
+
+def _symbol_table(reader: Reader, btree: int, heap: LocalHeap) -> Iterator[Link]:
+    o = reader.offset_size
+    entry = 2 * o + 24
+    for _, node in v1_leaves(reader, btree, 0, reader.length_size):
+        head = reader.upto(node, 1024, "a symbol table node", 8)
+        if head[:4] != b"SNOD" or head[4] != 1:
+            raise BadStructure(reader.path, f"no symbol table node (SNOD, version 1) at address {node}")
+        count = int.from_bytes(head[6:8], "little")
+        data = head[8 : 8 + count * entry]
+        if len(data) < count * entry:
+            data = reader.at(node + 8, count * entry, "a symbol table node")
+        reader.step(count)
+        for at in range(0, count * entry, entry):
+            name_offset = int.from_bytes(data[at : at + o], "little")
+            yield Link(heap.name(name_offset), int.from_bytes(data[at + o : at + 2 * o], "little"))
+
+
+def attributes(reader: Reader, messages: list[Message]) -> Iterator[Attribute]:
+    """An object's attributes, from its messages or its dense storage."""
+    for message in messages:
+        if message.kind == ATTRIBUTE:
+            yield read_attribute(reader, message.data)
+        elif message.kind == ATTRIBUTE_INFO:
+            dense = read_link_info(reader, message.data, attributes=True)
+            if dense.heap != reader.undefined:
+                heap = FractalHeap(reader, dense.heap)
+                for record in v2_records(reader, dense.names, 8):
+                    yield read_attribute(reader, heap.get(record[:8]))
