@@ -118,10 +118,12 @@ class Reader:
         """At least ``least`` bytes at ``address``, and up to ``size`` where the window read for them holds more: a
         structure whose length its first bytes tell, taken in one go where it is short (never a read for more)."""
         offset = self.base + address
-        self.raw(offset, least, what)  # the window that holds them is now the last one found
         first, end, window = self._last
         if not first <= offset <= offset + least <= end:
-            return self.raw(offset, least, what)
+            self.raw(offset, least, what)  # the window that holds them is now the last one found
+            first, end, window = self._last
+            if not first <= offset <= offset + least <= end:
+                return self.raw(offset, least, what)
         return window[offset - first : min(offset - first + size, end - first)]
 
     def raw(self, offset: int, size: int, what: str) -> bytes:
