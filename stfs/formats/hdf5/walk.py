@@ -6,6 +6,7 @@ level by level so that a remote file's object headers of one level are fetched a
 from __future__ import annotations
 
 import itertools
+import operator
 import struct
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -31,6 +32,7 @@ from .objects import Message, read_object
 from .rules import BadStructure, TooLarge
 
 MAX_OBJECTS = 1_000_000
+_NAME = operator.itemgetter(0)  # a Link's name
 PREFETCH = 512  # bytes read ahead at each object header, B-tree node or heap of a level: most fit
 
 
@@ -70,12 +72,13 @@ def walk(reader: Reader, root: int) -> list[Found]:
             _prefetch_tables(reader, groups)
         for group in groups:
             found.append(group)
-            links = sorted(group_links(reader, group.messages), key=lambda link: link.name)
-            for one, other in itertools.pairwise(links):
-                if one.name == other.name:  # a group's names are unique: which would h5py's lookup give?
-                    where = "/" + "/".join(group.path)
-                    raise BadStructure(reader.path, f"the group {where} has two links named {one.name!r}")
-            following.extend((link.address, (*group.path, link.name)) for link in links if link.address is not None)
+            links = sorted(group_links(reader, group.messages), key=_NAME)
+            if len({link.name for link in links}) < len(links):  # names are unique: which would h5py's lookup give?
+                one = next(one for one, other in itertools.pairwise(links) if one.name == other.name)
+                where = "/" + "/".join(group.path)
+                raise BadStructure(reader.path, f"the group {where} has two links named {one.name!r}")
+            base = group.path
+            following += [(link.address, (*base, link.name)) for link in links if link.address is not None]
         level = following
     return sorted(found, key=lambda item: item.path)
 
