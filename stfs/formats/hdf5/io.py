@@ -15,6 +15,7 @@ from .rules import BadStructure, Hdf5Truncated, TooLarge
 WINDOW = 2048  # bytes read at least at a miss of a remote file: an object header and what h5py allocates beside it
 LOCAL_WINDOW = 4096  # of a local file (a first read of a few bytes says reads are cheap), no prefetch
 CHEAP_FIRST_READ = 4096  # a source whose first read is smaller reads cheaply (a local file's: 8 bytes)
+BEHIND = 2  # a local window's share before the byte missed: 1/BEHIND
 COALESCE = 256  # windows of a prefetch closer than this are read as one
 MAX_METADATA = 256 << 20  # metadata bytes one header may read in all
 MAX_STEPS = 2_000_000  # objects, nodes, messages and records one header may walk
@@ -118,10 +119,12 @@ class Reader:
         """At least ``least`` bytes at ``address``, and up to ``size`` where the window read for them holds more: a
         structure whose length its first bytes tell, taken in one go where it is short (never a read for more)."""
         offset = self.base + address
-        self.raw(offset, least, what)  # the window that holds them is now the last one found
         first, end, window = self._last
         if not first <= offset <= offset + least <= end:
-            return self.raw(offset, least, what)
+            self.raw(offset, least, what)  # the window that holds them is now the last one found
+            first, end, window = self._last
+            if not first <= offset <= offset + least <= end:
+                return self.raw(offset, least, what)
         return window[offset - first : min(offset - first + size, end - first)]
 
     def raw(self, offset: int, size: int, what: str) -> bytes:
@@ -143,16 +146,19 @@ class Reader:
         return self._fill(offset, size)[:size]
 
     def _fill(self, offset: int, size: int) -> bytes:
-        length = min(max(size, self.window), self.size - offset)
+        wanted = offset
+        if self._many is None:  # a local window starts before too: libhdf5 puts a group's heap before its header
+            offset = max(0, offset - self.window // BEHIND)
+        length = min(max(size + wanted - offset, self.window), self.size - offset)
         self._read += length
         if self._read > MAX_METADATA:
             raise TooLarge(self.path, f"its metadata is more than {MAX_METADATA >> 20} MiB")
         data = bytes(self.fetch(self.start + offset, length))
-        if len(data) < size:
-            raise Hdf5Truncated(self.path, f"the file ends at byte {offset + len(data)}, inside bytes {offset}+{size}")
+        if len(data) < size + wanted - offset:
+            raise Hdf5Truncated(self.path, f"the file ends at byte {offset + len(data)}, inside bytes {wanted}+{size}")
         self._keep(offset, data)
         self._last = (offset, offset + len(data), data)
-        return data
+        return data[wanted - offset :]
 
     def _keep(self, offset: int, data: bytes) -> None:
         if offset not in self._windows:

@@ -7,6 +7,7 @@ each costs ``stfs info`` a tenth of the import time (a slotted dataclass of many
 from __future__ import annotations
 
 import math
+import struct
 from typing import NamedTuple
 
 from .io import Fields, Reader
@@ -73,44 +74,65 @@ class Datatype(NamedTuple):
         return CLASS_NAMES[self.cls] if self.cls < len(CLASS_NAMES) else f"class {self.cls}"
 
 
+_NUMBER = struct.Struct("<IIHH")  # class and version with the 3 bytes of bit field, size, offset and precision
+_FLOAT = struct.Struct("<BBBBI")
+
+
+def _float(
+    size: int,
+    bits: int,
+    offset: int,
+    precision: int,
+    exponent_at: int,
+    exponent: int,
+    mantissa_at: int,
+    mantissa: int,
+    bias: int,
+) -> Datatype:
+    # IEEE's layout (sign above exponent above mantissa, the usual bias, an implied leading 1, no padding bits)
+    # or another: a float that is not IEEE's is no dtype's, however wide (libhdf5 converts its values)
+    ieee = (
+        bits & 0xFF7E == 0x20 | ((8 * size - 1) << 8)
+        and mantissa_at == 0
+        and exponent_at == mantissa
+        and exponent > 1
+        and bias == (1 << (exponent - 1)) - 1
+        and 1 + exponent + mantissa == 8 * size
+    )
+    return Datatype(
+        FLOAT,
+        size,
+        big=bool(bits & 1),
+        precision=precision,
+        bit_offset=offset,
+        exponent=exponent if ieee else 0,
+        mantissa=mantissa if ieee else 0,
+    )
+
+
 def read_datatype(fields: Fields, depth: int = 0) -> Datatype:
     """The datatype at the cursor (nested ones too, at most 8 deep)."""
     if depth > 8:
         raise BadStructure(fields.reader.path, "a datatype nests more than 8 deep")
+    data, pos = fields.data, fields.pos
+    if len(data) >= pos + 12 and data[pos] & 0x0F in (FIXED, FLOAT):  # a tensor's: its fields in one go
+        word, size, offset, precision = _NUMBER.unpack_from(data, pos)
+        cls, bits = word & 0x0F, word >> 8
+        fields.pos = pos + 12
+        if cls == FIXED:
+            return Datatype(
+                cls, size, big=bool(bits & 1), signed=bool(bits & 8), precision=precision, bit_offset=offset
+            )
+        if len(data) < pos + 20:
+            raise BadStructure(fields.reader.path, f"{fields.what} ends inside a field at byte {len(data)}")
+        exponent_at, exponent, mantissa_at, mantissa, bias = _FLOAT.unpack_from(data, pos + 12)
+        fields.pos = pos + 20
+        return _float(size, bits, offset, precision, exponent_at, exponent, mantissa_at, mantissa, bias)
     head = fields.u8()
     cls, bits, size = head & 0x0F, fields.uint(3), fields.u32()
     version = head >> 4
-    if cls == FIXED:
-        offset, precision = fields.u16(), fields.u16()
-        return Datatype(cls, size, big=bool(bits & 1), signed=bool(bits & 8), precision=precision, bit_offset=offset)
-    if cls == FLOAT:
-        offset, precision = fields.u16(), fields.u16()
-        exponent_at, exponent, mantissa_at, mantissa, bias = (
-            fields.u8(),
-            fields.u8(),
-            fields.u8(),
-            fields.u8(),
-            fields.u32(),
-        )
-        # IEEE's layout (sign above exponent above mantissa, the usual bias, an implied leading 1, no padding bits)
-        # or another: a float that is not IEEE's is no dtype's, however wide (libhdf5 converts its values)
-        ieee = (
-            bits & 0xFF7E == 0x20 | ((8 * size - 1) << 8)
-            and mantissa_at == 0
-            and exponent_at == mantissa
-            and exponent > 1
-            and bias == (1 << (exponent - 1)) - 1
-            and 1 + exponent + mantissa == 8 * size
-        )
-        return Datatype(
-            cls,
-            size,
-            big=bool(bits & 1),
-            precision=precision,
-            bit_offset=offset,
-            exponent=exponent if ieee else 0,
-            mantissa=mantissa if ieee else 0,
-        )
+    if cls in (FIXED, FLOAT):
+        raise BadStructure(fields.reader.path, f"{fields.what} ends inside a field at byte {len(data)}")
     if cls == STRING:
         return Datatype(cls, size, padding=bits & 0x0F, charset=(bits >> 4) & 0x0F)
     if cls == OPAQUE:
@@ -189,6 +211,11 @@ class Layout(NamedTuple):
 
 def read_layout(reader: Reader, data: bytes, where: int, rank: int) -> Layout:
     """The layout message ``data`` whose first byte is at file address ``where`` (a compact dataset's data)."""
+    if len(data) >= 2 and data[0] in (3, 4) and data[1] == 1:  # contiguous: a tensor's, most often
+        o, n = reader.offset_size, reader.length_size
+        if len(data) >= 2 + o + n:
+            address = int.from_bytes(data[2 : 2 + o], "little")
+            return Layout("contiguous", address, int.from_bytes(data[2 + o : 2 + o + n], "little"))
     fields = Fields(reader, data, "a data layout message")
     version = fields.u8()
     if version in (1, 2):

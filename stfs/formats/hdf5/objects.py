@@ -9,6 +9,7 @@ from .io import Fields, Reader
 from .rules import BadStructure, BadSuperblock, Hdf5Truncated, NoSuperblock
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
+NIL = 0x00
 CONTINUATION = 0x10
 MAX_CONTINUATIONS = 10_000  # blocks of one object header
 MAX_MESSAGES = 100_000  # messages of one object header
@@ -106,18 +107,20 @@ def read_object(reader: Reader, address: int) -> list[Message]:
         else:
             data = reader.at(start, length, "an object header")
         pos = 0
-        before = len(messages)
+        count = 0
         while pos + 8 <= length:
             kind, msize, flags = data[pos] | data[pos + 1] << 8, data[pos + 2] | data[pos + 3] << 8, data[pos + 4]
             body = pos + 8
-            if body + msize > length:
+            end = body + msize
+            if end > length:
                 raise BadStructure(reader.path, f"a message of the object header at address {address} ends past it")
+            count += 1
             if kind == CONTINUATION or len(messages) >= MAX_MESSAGES:
-                _add(reader, messages, kind, flags, data[body : body + msize], start + body, blocks, seen, address)
-            else:
-                messages.append(Message(kind, flags, data[body : body + msize], start + body))
-            pos = body + msize
-        reader.step(len(messages) - before)
+                _add(reader, messages, kind, flags, data[body:end], start + body, blocks, seen, address)
+            elif kind != NIL:  # padding: nothing reads it
+                messages.append(Message(kind, flags, data[body:end], start + body))
+            pos = end
+        reader.step(count)
     return messages
 
 
@@ -143,7 +146,8 @@ def _add(
         seen.add(block)
         blocks.append((block, length))
         return
-    messages.append(Message(kind, flags, body, where))
+    if kind != NIL:
+        messages.append(Message(kind, flags, body, where))
 
 
 def _version2(reader: Reader, address: int) -> list[Message]:

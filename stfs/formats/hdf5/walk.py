@@ -6,6 +6,8 @@ level by level so that a remote file's object headers of one level are fetched a
 from __future__ import annotations
 
 import itertools
+import operator
+import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -30,6 +32,7 @@ from .objects import Message, read_object
 from .rules import BadStructure, TooLarge
 
 MAX_OBJECTS = 1_000_000
+_NAME = operator.itemgetter(0)  # a Link's name
 PREFETCH = 512  # bytes read ahead at each object header, B-tree node or heap of a level: most fit
 
 
@@ -69,12 +72,13 @@ def walk(reader: Reader, root: int) -> list[Found]:
             _prefetch_tables(reader, groups)
         for group in groups:
             found.append(group)
-            links = sorted(group_links(reader, group.messages), key=lambda link: link.name)
-            for one, other in itertools.pairwise(links):
-                if one.name == other.name:  # a group's names are unique: which would h5py's lookup give?
-                    where = "/" + "/".join(group.path)
-                    raise BadStructure(reader.path, f"the group {where} has two links named {one.name!r}")
-            following.extend((link.address, (*group.path, link.name)) for link in links if link.address is not None)
+            links = sorted(group_links(reader, group.messages), key=_NAME)
+            if len({link.name for link in links}) < len(links):  # names are unique: which would h5py's lookup give?
+                one = next(one for one, other in itertools.pairwise(links) if one.name == other.name)
+                where = "/" + "/".join(group.path)
+                raise BadStructure(reader.path, f"the group {where} has two links named {one.name!r}")
+            base = group.path
+            following += [(link.address, (*base, link.name)) for link in links if link.address is not None]
         level = following
     return sorted(found, key=lambda item: item.path)
 
@@ -115,9 +119,15 @@ def group_links(reader: Reader, messages: list[Message]) -> Iterator[Link]:
                     yield read_link(reader, heap.get(record[4:]))
 
 
-def _symbol_table(reader: Reader, btree: int, heap: LocalHeap) -> Iterator[Link]:
+_ENTRIES = {size: struct.Struct(f"<2{code}{24}x") for size, code in ((2, "H"), (4, "I"), (8, "Q"))}
+
+
+def _symbol_table(reader: Reader, btree: int, heap: LocalHeap) -> list[Link]:
     o = reader.offset_size
-    entry = 2 * o + 24
+    entries = _ENTRIES[o]  # a symbol table entry: its name's offset in the heap, its object header's address
+    entry = entries.size
+    name = heap.name
+    links: list[Link] = []
     for _, node in v1_leaves(reader, btree, 0, reader.length_size):
         head = reader.upto(node, 1024, "a symbol table node", 8)
         if head[:4] != b"SNOD" or head[4] != 1:
@@ -127,9 +137,8 @@ def _symbol_table(reader: Reader, btree: int, heap: LocalHeap) -> Iterator[Link]
         if len(data) < count * entry:
             data = reader.at(node + 8, count * entry, "a symbol table node")
         reader.step(count)
-        for at in range(0, count * entry, entry):
-            name_offset = int.from_bytes(data[at : at + o], "little")
-            yield Link(heap.name(name_offset), int.from_bytes(data[at + o : at + 2 * o], "little"))
+        links += [Link(name(offset), address) for offset, address in entries.iter_unpack(data)]
+    return links
 
 
 def attributes(reader: Reader, messages: list[Message]) -> Iterator[Attribute]:
