@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -276,6 +277,31 @@ def header_json(tensors: Sequence[TensorEntry], metadata: Mapping[str, str]) -> 
         }
         begin += entry.size
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
+def made_header(
+    *,
+    path: str,
+    file_size: int,
+    mtime_ns: int,
+    tensors: Sequence[TensorEntry],
+    metadata: Mapping[str, str],
+    **rest: Any,
+) -> Header:
+    """The ``Header`` of a format that is not safetensors: its tensors and metadata with the ``header.json`` made for
+    them (``header_json``), digested; ``rest`` the other fields (``warnings``, ``parsed``, ``folders``, ...)."""
+    made = header_json(tensors, metadata)
+    return Header(
+        path=path,
+        file_size=file_size,
+        mtime_ns=mtime_ns,
+        tensors=tuple(tensors),
+        metadata=metadata,
+        digest=hashlib.sha256(made).digest(),
+        data_start=0,
+        json_made=made,
+        **rest,
+    )
 
 
 def read_exact(read: RangeFetcher, offset: int, size: int, path: str) -> bytes:

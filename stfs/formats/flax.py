@@ -18,7 +18,6 @@ A ``.msgpack`` whose top level is not a map, or that holds no array, is not a Fl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import struct
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
-from .base import Format, Header, RangeFetcher, Read, Rows, TensorEntry, header_json
+from .base import Format, Header, RangeFetcher, Read, Rows, TensorEntry, made_header
 
 WINDOW = 65536  # bytes of the file read at once while walking its framing
 MAX_DEPTH = 64  # maps and arrays nested deeper than this are refused (flax's state dicts nest a few levels)
@@ -443,16 +442,12 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
             raise InvalidMsgpack(path, "two of its arrays have one name", entry.name)
         seen.add(entry.name)
     metadata = {"format": "flax", **plain}
-    made = header_json(tensors, metadata)
-    return Header(
+    return made_header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
-        tensors=tuple(tensors),
+        tensors=tensors,
         metadata=metadata,
-        digest=hashlib.sha256(made).digest(),
-        data_start=0,
-        json_made=made,
     )
 
 

@@ -13,14 +13,13 @@ data shorter than the shape says.
 from __future__ import annotations
 
 import ast
-import hashlib
 import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .. import errors
-from .base import Format, Header, RangeFetcher, ReadMany, TensorEntry, header_json, read_exact
+from .base import Format, Header, RangeFetcher, ReadMany, TensorEntry, made_header, read_exact
 from .gather import Strided
 from .zip import (
     EntryNotStored,
@@ -273,16 +272,12 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
         else:
             tensors = [read_npy(fetch, path, file_size, first_read)]
     metadata = {"format": "np"}  # as a safetensors file written from NumPy arrays says where they came from
-    made = header_json(tensors, metadata)
-    return Header(
+    return made_header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
-        tensors=tuple(tensors),
+        tensors=tensors,
         metadata=metadata,
-        digest=hashlib.sha256(made).digest(),
-        data_start=0,
-        json_made=made,
         warnings=tuple(warnings),
     )
 

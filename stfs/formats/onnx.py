@@ -22,7 +22,6 @@ with a warning naming it, as is a tensor whose name an earlier one took.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import posixpath
 import struct
@@ -30,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .. import errors
-from .base import Format, Header, RangeFetcher, Read, Rows, TensorEntry, encodable, header_json
+from .base import Format, Header, RangeFetcher, Read, Rows, TensorEntry, encodable, made_header
 from .dtypes import DTYPE_BITS
 
 # -- the rules, one error each (SPEC §13, docs/onnx.md) ----------------------------------------------------------------
@@ -775,16 +774,12 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
     warnings = walker.warnings + tensors.warnings
     metadata = _metadata(walker, warnings)
     entries = tensors.entries
-    made = header_json(entries, metadata)
-    return Header(
+    return made_header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
-        tensors=tuple(entries),
+        tensors=entries,
         metadata=metadata,
-        digest=hashlib.sha256(made).digest(),
-        data_start=0,
-        json_made=made,
         warnings=tuple(warnings),
         other_files=tuple(tensors.files),
     )

@@ -25,12 +25,11 @@ with ``pickle.load``.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ... import errors
-from ..base import Folder, Format, Header, RangeFetcher, TensorEntry, encodable, header_json
+from ..base import Folder, Format, Header, RangeFetcher, TensorEntry, encodable, made_header
 from ..pytorch.allowed import TORCH_DTYPES
 from .assemble import Assembled, covers, piece
 from .megatron import METADATA_JSON, read_common
@@ -126,16 +125,12 @@ def fetch_header(
         shown |= {key: value for key, value in common.metadata.items() if key not in shown}
         warnings += common.warnings
         problems += common.problems
-    made = header_json(entries, shown)
-    return Header(
+    return made_header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
-        tensors=tuple(entries),
+        tensors=entries,
         metadata=shown,
-        digest=hashlib.sha256(made).digest(),
-        data_start=0,
-        json_made=made,
         parsed=metadata,
         warnings=tuple(warnings + problems),
         check_problems=tuple(problems),

@@ -18,7 +18,6 @@ is the model's (no ``module.`` prefix); ``metadata/`` adds ``tag``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any
 
 from ... import errors
 from .. import zip
-from ..base import Folder, Format, Header, RangeFetcher, Read, Rows, TensorEntry, header_json, read_exact
+from ..base import Folder, Format, Header, RangeFetcher, Read, Rows, TensorEntry, made_header, read_exact
 from ..pytorch import WEIGHTS_ONLY_GLOBALS
 from ..pytorch.values import Global, Object
 from .consolidate import Placed, Segment, optimizer_states, weights
@@ -132,16 +131,12 @@ def fetch_header(
         states.setdefault(f"optimizer/{state}", []).append(_entry(placed, sizes, path))
     problems = _unsafe(run, path)
     metadata = _metadata(run)
-    made = header_json(entries, metadata)
-    return Header(
+    return made_header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
-        tensors=tuple(entries),
+        tensors=entries,
         metadata=metadata,
-        digest=hashlib.sha256(made).digest(),
-        data_start=0,
-        json_made=made,
         parsed=run,
         warnings=problems,
         check_problems=problems,

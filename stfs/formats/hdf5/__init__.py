@@ -12,9 +12,7 @@ B-trees and heaps, a window at a time, a level of the group tree at once (a remo
 
 from __future__ import annotations
 
-import hashlib
-
-from ..base import Format, Header, RangeFetcher, header_json
+from ..base import Format, Header, RangeFetcher, made_header
 from .datasets import Hdf5Entry
 from .file import read_hdf5
 from .io import Reader
@@ -37,16 +35,12 @@ def fetch_header(fetch: RangeFetcher, *, path: str, file_size: int, mtime_ns: in
     else:
         reader = Reader(fetch, path, 0, file_size, first_read)
         tensors, metadata, warnings = read_hdf5(reader)
-    made = header_json(tensors, metadata)
-    return Header(
+    return made_header(
         path=path,
         file_size=file_size,
         mtime_ns=mtime_ns,
-        tensors=tuple(tensors),
+        tensors=tensors,
         metadata=metadata,
-        digest=hashlib.sha256(made).digest(),
-        data_start=0,
-        json_made=made,
         warnings=tuple(warnings),
     )
 
