@@ -1,18 +1,23 @@
-"""Megatron-Core / NeMo ``torch_dist`` checkpoints (SPEC §16): a folder written by the real
-``torch.distributed.checkpoint.save``, with ``common.pt`` written by ``torch.save`` and ``metadata.json`` as
-Megatron-Core's ``dist_checkpointing.save`` writes them beside it; mounted as one model through a real mount."""
+"""Megatron-Core / NeMo ``torch_dist`` checkpoints (SPEC §16), mounted as one model through a real mount: one written
+by Megatron-Core's own ``dist_checkpointing.save`` from two tensor-parallel ranks on gloo (tests/megatron_write.py),
+and one made of its parts (``torch.distributed.checkpoint.save``, ``common.pt`` by ``torch.save`` and
+``metadata.json`` as Megatron-Core writes them) where a Megatron-LM run's arguments can be put in ``common.pt``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import socket
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import MountFn, stfs_command, tensor_path
+from tests.helpers import IN_CI, MountFn, stfs_command, tensor_path
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -63,3 +68,50 @@ def test_info_warns_of_the_runs_arguments_and_check_names_them(torch_dist: Path)
     assert "argparse.Namespace" in info.stderr
     check = stfs_command("check", str(torch_dist))
     assert check.returncode == 1 and "argparse.Namespace" in check.stdout + check.stderr
+
+
+@pytest.fixture(scope="module")
+def megatron_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint Megatron-Core writes from two ranks (skipped where megatron-core is not installed; failed in CI,
+    which installs the test extra)."""
+    if importlib.util.find_spec("megatron.core") is None:
+        message = "megatron-core is not installed (pip install megatron-core): no torch_dist checkpoint to read"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    out = tmp_path_factory.mktemp("megatron") / "iter_0000100"
+    out.mkdir()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+        env.update(MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        command = [sys.executable, str(Path(__file__).with_name("megatron_write.py")), str(out)]
+        ranks.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = [rank.communicate(timeout=180)[0] for rank in ranks]
+    if any(rank.returncode for rank in ranks):
+        pytest.fail("Megatron-Core's writer failed:\n" + "".join(o.decode(errors="replace")[-2000:] for o in outputs))
+    return out
+
+
+def test_a_run_megatron_core_wrote_is_its_full_tensors(megatron_run: Path, mount: MountFn) -> None:
+    from tests.megatron_write import expected
+
+    mnt = mount(str(megatron_run))
+    for name, tensor in expected().items():  # each rank's rows or columns, gathered
+        assert Path(tensor_path(mnt, name)).read_bytes() == tensor.view(torch.uint8).numpy().tobytes(), name
+    assert Path(mnt, "common", "loss_scale").read_bytes() == torch.tensor([2.0, 4.0]).numpy().tobytes()
+    assert Path(mnt, "metadata", "sharded_backend").read_text() == "torch_dist\n"
+    assert sorted(n for n in os.listdir(Path(mnt, "metadata")) if n.startswith("rng_state")) == [
+        "rng_state%2Fshard_0_2",
+        "rng_state%2Fshard_1_2",
+    ]
+
+
+def test_megatron_cores_own_plans_pass_check_without_warnings(megatron_run: Path) -> None:
+    # Megatron-Core adds every rank's SavePlan to .metadata (torch's planner dataclasses): torch's own, no warning
+    check = stfs_command("check", "--values", str(megatron_run))
+    assert check.returncode == 0 and "warning" not in check.stderr, check.stdout + check.stderr
+    assert "3 tensors, values checked" in check.stdout

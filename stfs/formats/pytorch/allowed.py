@@ -109,7 +109,8 @@ WEIGHTS_ONLY_GLOBALS: frozenset[str] = frozenset(
 )
 
 # What torch.distributed.checkpoint's FileSystemWriter pickles into a checkpoint's .metadata (torch 2.13): its
-# dataclasses, torch.Size, dtypes, layouts, the memory format's encoding, and StorageMeta's checkpoint_id (a path).
+# dataclasses, torch.Size, dtypes, layouts, the memory format's encoding, and StorageMeta's checkpoint_id (a path);
+# Megatron-Core's writer adds every rank's SavePlan (``all_local_plans``: torch's planner dataclasses) to reuse them.
 # torch reads that file with pickle.load: anything else it names would be imported and called.
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 DCP_GLOBALS: frozenset[str] = frozenset(
@@ -128,6 +129,10 @@ DCP_GLOBALS: frozenset[str] = frozenset(
             )
         ),
         "torch.distributed.checkpoint.filesystem._StorageInfo",
+        *(
+            f"torch.distributed.checkpoint.planner.{name}"
+            for name in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData")
+        ),
         "torch.Size",
         "torch.serialization._get_layout",
         *(f"torch.{dtype}" for dtype in TORCH_DTYPES),
