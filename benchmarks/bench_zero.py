@@ -13,7 +13,9 @@ from the mount's own view; tests/test_deepspeed.py checks that view against zero
 2. the run as one safetensors file, fresh processes, the rank files in the page cache: ``stfs mount --view
    safetensors`` and ``safetensors.torch.load_file`` of ``model.safetensors``, every tensor summed (then unmount),
    against DeepSpeed's ``zero_to_fp32.py RUN OUT --safe_serialization`` and the same of what it wrote: wall seconds
-   and the peak resident memory of the processes of each side (stfs: the daemon's and the loader's, added).
+   and the peak memory of the processes of each side (stfs: the daemon's own and the loader's, added; DeepSpeed: the
+   larger of converter and loader, one after the other), twice: resident (the loader's pages mapped from the file it
+   loads included) and anonymous (what the kernel cannot drop and read back from a file).
 3. ``cat`` of every tensor file of a fresh mount, sources in the page cache: MB/s of the consolidated tensors of
    the run against the same bytes as one safetensors file (its mount's ``tensors/``), and the ratio.
 """
@@ -27,15 +29,23 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.benchlib import MIB, Mount, bytecode_environment, log, resident, stfs_command, warm  # noqa: E402
+from benchmarks.benchlib import (  # noqa: E402
+    MIB,
+    Mount,
+    bytecode_environment,
+    log,
+    peak_rss_while,
+    stfs_command,
+    warm,
+)  # noqa: E402
 
 MOUNT_PREFIX = "/tmp/bench-zero-mnt"
 LOAD = (  # every value read: load_file maps the file, and a loader that never touches a tensor reads none of it
@@ -99,83 +109,80 @@ def same_file(run: Path, data: Path, env: dict[str, str]) -> Path:
     return same
 
 
-def timed(command: list[str], env: dict[str, str]) -> tuple[float, int]:
-    """Wall seconds and peak resident bytes of ``command`` (``/usr/bin/time``'s maximum resident set size)."""
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, int, int]:
+    """Wall seconds, peak resident bytes (the maximum resident set size, as ``/usr/bin/time`` gives it: pages mapped
+    from files included) and peak anonymous bytes (``RssAnon`` + ``RssShmem`` sampled every 10 ms: what the
+    kernel cannot drop and read again) of ``command``."""
     started = time.perf_counter()
-    result = subprocess.run(["/usr/bin/time", "-f", "%M", *command], env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if result.returncode:
-        raise RuntimeError(result.stderr[-2000:])
-    return seconds, int(result.stderr.strip().splitlines()[-1]) * 1024
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def finish() -> tuple[int, Any, bytes]:
+        assert process.stderr is not None
+        stderr = process.stderr.read()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        return process.returncode, usage, stderr
+
+    (code, usage, stderr), anonymous = peak_rss_while(process.pid, finish, shared=True)
+    if code:
+        raise RuntimeError(stderr[-2000:].decode(errors="replace"))
+    return time.perf_counter() - started, usage.ru_maxrss * 1024, anonymous
 
 
 def info(run: Path, rounds: int, env: dict[str, str]) -> None:
     found = [timed(stfs_command("info", str(run)), env) for _ in range(rounds)]
-    seconds = statistics.median(s for s, _ in found)
-    peak = max(p for _, p in found)
+    seconds = statistics.median(found[0] for found in found)
+    peak = max(found[1] for found in found)
     print(f"1. stfs info of the run folder: {seconds:.2f} s (median), peak {peak / MIB:.0f} MiB resident")
+
+
+Peaks = tuple[int, int]  # resident, anonymous
 
 
 def one_file(run: Path, rounds: int, env: dict[str, str], data: Path) -> None:
     out = data / "converted"
     script = run / "zero_to_fp32.py"
+    parts: dict[str, list[tuple[int, Peaks, Peaks]]] = {"stfs": [], "deepspeed": []}  # (daemon, converter, loader)
 
-    parts: list[tuple[int, int]] = []  # (daemon, loader) peaks of each stfs run
-
-    def stfs_side() -> tuple[float, int]:
-        peak = [0]
+    def stfs_side() -> tuple[float, Peaks]:
         started = time.perf_counter()
         with Mount(str(run), f"{MOUNT_PREFIX}-load", ["--view", "safetensors"], env=env) as m:
-            daemon = m.pid
-            stop = threading.Event()
+            model = str(Path(m.mountpoint, "safetensors", "model.safetensors"))
+            (_, *loader), daemon = peak_rss_while(m.pid, lambda: timed([sys.executable, "-c", LOAD, model], env), True)
+        parts["stfs"].append((daemon, (0, 0), (loader[0], loader[1])))
+        return time.perf_counter() - started, (daemon + loader[0], daemon + loader[1])
 
-            def sample() -> None:
-                while not stop.is_set():
-                    try:
-                        peak[0] = max(peak[0], resident(daemon))
-                    except OSError:
-                        return
-                    stop.wait(0.02)
-
-            sampler = threading.Thread(target=sample)
-            sampler.start()
-            try:
-                model = str(Path(m.mountpoint, "safetensors", "model.safetensors"))
-                _, loader = timed([sys.executable, "-c", LOAD, model], env)
-            finally:
-                stop.set()
-                sampler.join()
-        parts.append((peak[0], loader))
-        return time.perf_counter() - started, loader + peak[0]
-
-    def deepspeed_side() -> tuple[float, int]:
+    def deepspeed_side() -> tuple[float, Peaks]:
         shutil.rmtree(out, ignore_errors=True)
         convert = [sys.executable, str(script), str(run), str(out), "--safe_serialization"]
-        seconds, converter = timed(convert, dict(env, DS_ACCELERATOR="cpu"))
-        more, loader = timed([sys.executable, "-c", LOAD, str(out / "model.safetensors")], env)
-        return seconds + more, max(converter, loader)
+        seconds, *converter = timed(convert, dict(env, DS_ACCELERATOR="cpu"))
+        more, *loader = timed([sys.executable, "-c", LOAD, str(out / "model.safetensors")], env)
+        parts["deepspeed"].append((0, (converter[0], converter[1]), (loader[0], loader[1])))
+        return seconds + more, (max(converter[0], loader[0]), max(converter[1], loader[1]))
 
-    runs: dict[str, Callable[[], tuple[float, int]]] = {"stfs": stfs_side, "deepspeed": deepspeed_side}
-    found: dict[str, list[tuple[float, int]]] = {label: [] for label in runs}
+    runs: dict[str, Callable[[], tuple[float, Peaks]]] = {"stfs": stfs_side, "deepspeed": deepspeed_side}
+    found: dict[str, list[tuple[float, Peaks]]] = {label: [] for label in runs}
     for round_number in range(rounds):
         for label in list(runs) if round_number % 2 == 0 else list(reversed(runs)):
             warm(*(path for path in run.rglob("*") if path.is_file()))
             found[label].append(runs[label]())
     shutil.rmtree(out, ignore_errors=True)
     seconds = {label: statistics.median(s for s, _ in values) for label, values in found.items()}
-    peaks = {label: max(p for _, p in values) for label, values in found.items()}
-    print("2. the run as one safetensors file, fresh processes: wall seconds (median), peak resident MiB")
-    daemon, loader = max(parts, key=sum)
-    print(
-        f"   stfs --view safetensors + load_file      {seconds['stfs']:6.2f} s  {peaks['stfs'] / MIB:6.0f} MiB"
-        f"  (daemon {daemon / MIB:.0f} + loader {loader / MIB:.0f})"
-    )
-    theirs = f"{seconds['deepspeed']:6.2f} s  {peaks['deepspeed'] / MIB:6.0f} MiB"
-    print(f"   zero_to_fp32.py (to a file) + load_file  {theirs}")
-    print(
-        f"   ratio stfs ÷ deepspeed                   {seconds['stfs'] / seconds['deepspeed']:6.2f}x  "
-        f"{peaks['stfs'] / peaks['deepspeed']:6.2f}x"
-    )
+    print("2. the run as one safetensors file, fresh processes: wall seconds (median), peak MiB (the largest round)")
+    print(f"   stfs --view safetensors + load_file: {seconds['stfs']:.2f} s")
+    print(f"   zero_to_fp32.py (to a file) + load_file: {seconds['deepspeed']:.2f} s")
+    print(f"   ratio stfs ÷ deepspeed: {seconds['stfs'] / seconds['deepspeed']:.2f}x")
+    for kind, what in enumerate(("resident (file pages mapped included)", "anonymous (RssAnon + RssShmem)")):
+        peaks = {label: max(p[kind] for _, p in values) for label, values in found.items()}
+        daemon = max(d for d, _, _ in parts["stfs"])
+        mine = max(loader[kind] for _, _, loader in parts["stfs"])
+        converter = max(c[kind] for _, c, _ in parts["deepspeed"])
+        theirs = max(loader[kind] for _, _, loader in parts["deepspeed"])
+        print(
+            f"   peak {what}: stfs {peaks['stfs'] / MIB:.0f} MiB (daemon {daemon / MIB:.0f} + loader {mine / MIB:.0f})"
+            f" ÷ deepspeed {peaks['deepspeed'] / MIB:.0f} MiB (converter {converter / MIB:.0f}, then loader"
+            f" {theirs / MIB:.0f}) = {peaks['stfs'] / peaks['deepspeed']:.2f}x"
+        )
 
 
 def cat_all(source: str, label: str, env: dict[str, str]) -> float:

@@ -32,6 +32,7 @@ MOUNT_ARGS: list[str] = []  # --mount-arg: more `stfs mount` arguments for every
 STFS_REPO = [REPO]  # the checkout whose stfs the mounts run (--stfs; the ab section switches it run by run)
 
 Mounted = TypeVar("Mounted", bound="Mount | ServerMount")
+T = TypeVar("T")
 
 
 def log(message: str) -> None:
@@ -107,7 +108,7 @@ def resident(pid: int, shared: bool = False) -> int:
     return fields["RssAnon"] + (fields.get("RssShmem", 0) if shared else 0)
 
 
-def peak_rss_while(pid: int, work: Callable[[], float], shared: bool = False) -> tuple[float, int]:
+def peak_rss_while(pid: int, work: Callable[[], T], shared: bool = False) -> tuple[T, int]:
     """``work()``'s result and the highest ``resident(pid, shared)`` meanwhile (sampled every 10 ms)."""
     peak = [resident(pid, shared)]
     done = threading.Event()
@@ -124,7 +125,9 @@ def peak_rss_while(pid: int, work: Callable[[], float], shared: bool = False) ->
     finally:
         done.set()
         sampler.join()
-    return result, max(peak[0], resident(pid, shared))
+    with contextlib.suppress(OSError, KeyError):  # a process ``work`` waited for is gone
+        peak[0] = max(peak[0], resident(pid, shared))
+    return result, peak[0]
 
 
 class CountedReads:

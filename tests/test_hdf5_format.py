@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.hdf5_files import WRITERS, h5py_tensors, many_links, write_h5py, write_keras
-from tests.helpers import MountFn, refusal, run, stfs_command
+from tests.helpers import MountFn, refusal, run, stfs_command, tensor_path
 
 h5py = pytest.importorskip("h5py")
 
@@ -90,6 +90,17 @@ def test_chunked_datasets_are_gathered_from_their_chunks(
     mnt = mount(str(source), options=["view=npy"])
     assert_same_as_h5py(source, mnt)
     assert np.array_equal(np.load(tensor_file(mnt, "w", "npy").with_suffix(".npy")), arrays["w"])
+
+
+def test_an_extensible_array_whose_data_blocks_are_paged(tmp_path: Path, mount: MountFn) -> None:
+    # libhdf5 pages a data block of more than 1,024 addresses: past the first 131,060 chunks of a growable dataset
+    values = (np.arange(134_000) * 7 % 65521).astype("<u2")
+    source = tmp_path / "paged.h5"
+    with h5py.File(source, "w", libver="latest") as file:
+        file.create_dataset("x", data=values, chunks=(1,), maxshape=(None,))
+    mnt = mount(str(source))
+    assert Path(tensor_path(mnt, "x")).read_bytes() == values.tobytes()
+    assert_same_as_h5py(source, mnt)
 
 
 def test_keras_weights_and_a_keras_file_with_bfloat16(tmp_path: Path, mount: MountFn) -> None:

@@ -79,23 +79,41 @@ class ExtensibleArray:
             raise BadStructure(reader.path, f"chunk {index} past its extensible array", self.name)
         blocks, elements, start, first_block = self.blocks[which]
         local = index - start
+        paged = elements > self.page_elements  # the data block's elements in pages of their own, each checksummed
         if which < self.direct_super:
+            if paged:  # libhdf5's defaults (all h5py can write) never page the index block's data blocks
+                raise UnsupportedStorage(reader.path, "its index block's data blocks are paged", self.name)
             at = 6 + o + (self.index_elements + first_block + local // elements) * o
             data_block = self._address(block, at)
+            bitmap = b""
         else:
             at = 6 + o + (self.index_elements + self.direct_blocks + which - self.direct_super) * o
             secondary = self._address(block, at)
             if secondary is None:
                 return None
-            if elements > self.page_elements:  # a secondary block then holds its pages' bitmaps too
-                raise UnsupportedStorage(reader.path, "its chunk index's data blocks are paged", self.name)
             prefix = 6 + o + self.offset_size
-            head = self._block(secondary, prefix + blocks * o + 4, b"EASB", "secondary block")
-            data_block = self._address(head, prefix + (local // elements) * o)
+            pages = elements // self.page_elements if paged else 0
+            bitmap_size = blocks * ((pages + 7) // 8)  # each data block's page bits, a byte boundary apart in size
+            head = self._block(secondary, prefix + bitmap_size + blocks * o + 4, b"EASB", "secondary block")
+            bitmap = head[prefix : prefix + bitmap_size]
+            data_block = self._address(head, prefix + bitmap_size + (local // elements) * o)
         if data_block is None:
             return None
-        if elements > self.page_elements:
-            raise UnsupportedStorage(reader.path, "its chunk index's data blocks are paged", self.name)
         prefix = 6 + o + self.offset_size
-        data = self._block(data_block, prefix + elements * o + 4, b"EADB", "data block")
-        return self._address(data, prefix + (local % elements) * o)
+        if not paged:
+            data = self._block(data_block, prefix + elements * o + 4, b"EADB", "data block")
+            return self._address(data, prefix + (local % elements) * o)
+        element = local % elements
+        page = element // self.page_elements
+        bit = (local // elements) * (elements // self.page_elements) + page  # numbered on across the data blocks
+        if not bitmap[bit // 8] & (0x80 >> (bit % 8)):
+            return None  # a page never written: its chunks were never allocated
+        self._block(data_block, prefix + 4, b"EADB", "data block")  # the prefix alone, its checksum its own
+        page_size = self.page_elements * o + 4
+        page_address = data_block + prefix + 4 + page * page_size
+        content = self.checked.get(page_address)
+        if content is None:
+            content = reader.at(page_address, page_size, "an extensible array data block page")
+            reader.check(content, "the extensible array data block page", page_address)
+            self.checked[page_address] = content
+        return self._address(content, (element % self.page_elements) * o)
