@@ -22,12 +22,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import random
-import resource
-import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,9 +33,8 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from fuzz.fuzz_gguf import Worker as GgufWorker  # noqa: E402 (after the checkout is on the path)
+from fuzz.worker import Worker, serve  # noqa: E402 (after the checkout is on the path)
 
-MIB = 1 << 20
 MARKERS = [0x00, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC4, 0xC6, 0xC7, 0xC9, 0xCB, 0xCF, 0xD3,
            0xD4, 0xD8, 0xD9, 0xDB, 0xDC, 0xDD, 0xDE, 0xDF, 0xE0, 0xFF]  # fmt: skip
 
@@ -176,34 +171,12 @@ def check_case(data: bytes) -> dict[str, Any]:
 
 
 def worker(memory_mib: int) -> None:
-    """Read cases from stdin (u32 length + bytes), answer one JSON line each on stdout."""
+    """Answer cases from stdin, one JSON line each (fuzz/worker.py), capped at ``memory_mib`` over the imports."""
     import flax.serialization  # noqa: F401  (imported before the cap: what the cap adds to is the reader's own use)
 
     from stfs.formats import flax as ours  # noqa: F401
 
-    with open("/proc/self/status") as stream:
-        size_kib = next(int(line.split()[1]) for line in stream if line.startswith("VmSize:"))
-    cap = size_kib * 1024 + memory_mib * MIB
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    while True:
-        head = sys.stdin.buffer.read(4)
-        if len(head) < 4:
-            return
-        data = sys.stdin.buffer.read(struct.unpack("<I", head)[0])
-        try:
-            result = check_case(data)
-        except MemoryError:
-            result = {"status": "finding", "why": "MemoryError: past the cap"}
-        sys.stdout.write(json.dumps(result) + "\n")
-        sys.stdout.flush()
-
-
-class Worker(GgufWorker):
-    """fuzz_gguf's worker process (a case in, a JSON line out, a hang or a death a finding), running this file."""
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "--memory", str(self.memory_mib)]
-        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    serve(check_case, memory_mib)
 
 
 def main() -> int:
@@ -228,7 +201,7 @@ def main() -> int:
                 cases.append((path, stream.read(), "replay"))
     seeds = [(name, data, framing(data)) for name, data in write_seeds()]
     rng = random.Random(args.seed)
-    runner = Worker(args.memory)
+    runner = Worker(__file__, args.memory)
     tally: collections.Counter[str] = collections.Counter()
     findings = done = 0
     started = time.monotonic()

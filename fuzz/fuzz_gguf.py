@@ -32,8 +32,6 @@ import collections
 import json
 import os
 import random
-import resource
-import select
 import struct
 import subprocess
 import sys
@@ -45,7 +43,8 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-MIB = 1 << 20
+from fuzz.worker import MIB, Worker, serve  # noqa: E402 (after the checkout is on the path)
+
 INTERESTING = [0, 1, 2, 3, 4, 7, 8, 12, 13, 32, 63, 64, 255, 256, 2**15, 2**16 - 1, 2**30, 2**30 + 1, 2**31 - 1,
                2**31, 2**32 - 1, 2**32, 2**62, 2**63 - 1, 2**63, 2**64 - 1]  # fmt: skip
 
@@ -302,30 +301,14 @@ def against_gguf_py(header: Any, data: bytes, scratch: str) -> str:
 
 
 def worker(memory_mib: int) -> None:
-    """Read cases from stdin (u32 length + bytes), answer one JSON line each on stdout."""
+    """Answer cases from stdin, one JSON line each (fuzz/worker.py), capped at ``memory_mib`` over the imports."""
     import numpy  # noqa: F401  (imported before the cap: what the cap adds to is the reader's own use)
     from gguf import GGUFReader  # noqa: F401
 
     from stfs.formats import gguf  # noqa: F401
 
-    with open("/proc/self/status") as stream:
-        size_kib = next(int(line.split()[1]) for line in stream if line.startswith("VmSize:"))
-    cap = size_kib * 1024 + memory_mib * MIB
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     scratch = tempfile.mkdtemp(prefix="stfs-fuzz-gguf-")
-    source, sink = sys.stdin.buffer, sys.stdout
-    while True:
-        head = source.read(4)
-        if len(head) < 4:
-            return
-        (length,) = struct.unpack("<I", head)
-        data = source.read(length)
-        try:
-            result = check_case(data, scratch)
-        except MemoryError:
-            result = {"status": "finding", "why": "MemoryError: the reader allocated past the cap"}
-        sink.write(json.dumps(result) + "\n")
-        sink.flush()
+    serve(lambda data: check_case(data, scratch), memory_mib)
 
 
 class Reference:
@@ -358,47 +341,6 @@ class Reference:
             self.process = self._start()
             return "abort"
         return answer
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-
-
-class Worker:
-    def __init__(self, memory_mib: int) -> None:
-        self.memory_mib = memory_mib
-        self.process = self._start()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", "--memory", str(self.memory_mib)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-
-    def run(self, data: bytes, timeout: float) -> dict[str, Any]:
-        process = self.process
-        assert process.stdin is not None and process.stdout is not None
-        try:
-            process.stdin.write(struct.pack("<I", len(data)) + data)
-            process.stdin.flush()
-        except BrokenPipeError:
-            return self._restart({"status": "finding", "why": "worker died before the case"})
-        ready, _, _ = select.select([process.stdout], [], [], timeout)
-        if not ready:
-            return self._restart({"status": "finding", "why": f"hang: no answer in {timeout} s"})
-        line = process.stdout.readline()
-        if not line:
-            code = process.wait()
-            return self._restart({"status": "finding", "why": f"worker died (exit {code}): a crash or the memory cap"})
-        result: dict[str, Any] = json.loads(line)
-        return result
-
-    def _restart(self, result: dict[str, Any]) -> dict[str, Any]:
-        self.stop()
-        self.process = self._start()
-        return result
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -441,7 +383,7 @@ def main() -> int:
         header = gguf.parse_header(data, file_size=len(data), path=path)
         seeds.append((os.path.basename(path), data, field_offsets(data), header.header_size))
     rng = random.Random(args.seed)
-    runner = Worker(args.memory)
+    runner = Worker(__file__, args.memory)
     reference = Reference(args.reference, out) if args.reference else None
     verdicts: collections.Counter[str] = collections.Counter()
     tally: collections.Counter[str] = collections.Counter()

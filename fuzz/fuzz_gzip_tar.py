@@ -23,13 +23,8 @@ import argparse
 import gzip
 import hashlib
 import io
-import json
 import os
 import random
-import resource
-import select
-import struct
-import subprocess
 import sys
 import tarfile
 import time
@@ -39,7 +34,8 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-MIB = 1 << 20
+from fuzz.worker import MIB, Worker, serve  # noqa: E402 (after the checkout is on the path)
+
 READ_CAP = 4 * MIB  # bytes of members the reference reads at most (a bomb the bound catches is not compared)
 
 
@@ -182,64 +178,12 @@ def check_case(data: bytes) -> dict[str, Any]:
 
 
 def worker(memory_mib: int) -> None:
+    """Answer cases from stdin, one JSON line each (fuzz/worker.py), capped at ``memory_mib`` over the imports."""
     import indexed_gzip  # noqa: F401 - imported before the cap
 
     import stfs.sources.gzip_layer  # noqa: F401
 
-    used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    with open("/proc/self/statm") as stream:
-        virtual = int(stream.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    cap = virtual + memory_mib * MIB + used
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    source, sink = sys.stdin.buffer, sys.stdout
-    while True:
-        head = source.read(4)
-        if len(head) < 4:
-            return
-        (size,) = struct.unpack("<I", head)
-        data = source.read(size)
-        try:
-            result = check_case(data)
-        except MemoryError:
-            result = {"verdict": "finding", "why": "MemoryError past the cap"}
-        sink.write(json.dumps(result) + "\n")
-        sink.flush()
-
-
-class Worker:
-    def __init__(self, memory_mib: int) -> None:
-        self.memory_mib = memory_mib
-        self.process = self._start()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "--memory", str(self.memory_mib)]
-        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-
-    def run(self, data: bytes, timeout: float) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        try:
-            self.process.stdin.write(struct.pack("<I", len(data)) + data)
-            self.process.stdin.flush()
-        except BrokenPipeError:
-            return self._restart({"verdict": "finding", "why": "the worker died"})
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            return self._restart({"verdict": "finding", "why": f"no answer in {timeout} s (a hang)"})
-        line = self.process.stdout.readline()
-        if not line:
-            code = self.process.wait()
-            return self._restart({"verdict": "finding", "why": f"the worker died (exit status {code}: the cap?)"})
-        return dict(json.loads(line))
-
-    def _restart(self, result: dict[str, Any]) -> dict[str, Any]:
-        self.stop()
-        self.process = self._start()
-        return result
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+    serve(check_case, memory_mib, key="verdict")
 
 
 def main() -> int:
@@ -265,7 +209,7 @@ def main() -> int:
     findings_folder = os.path.join(args.out, "findings")
     counts: dict[str, int] = {}
     findings = 0
-    runner = Worker(args.memory)
+    runner = Worker(__file__, args.memory, key="verdict", quiet=True)
     deadline = time.monotonic() + args.seconds
     cases = 0
     try:
