@@ -102,7 +102,7 @@ def watched(nginx: Nginx, figures: dict[str, float]) -> Iterator[None]:
 
     def ticks() -> tuple[int, int]:
         with open("/proc/stat") as stream:
-            values = [int(v) for v in stream.readline().split()[1:]]
+            values = [int(v) for v in stream.readline().split()[1:9]]  # past steal: guest time, counted in user
         return sum(values), values[3] + values[4]  # all, idle + iowait
 
     server, (total, idle) = server_cpu(nginx), ticks()
