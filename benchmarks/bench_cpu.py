@@ -24,6 +24,10 @@ checkout's stfs in every round, their order flipped round by round, against the 
 ``fetch-http`` and ``fetch-https`` time the fetch side alone: the model as stfs's 8 MiB GETs, eight threads at a
 time, through its HTTP client into reused buffers, in a process of its own (no FUSE, no page cache).
 
+Around each read, nginx's CPU-seconds (its master and workers) and the cores busy on the whole machine (/proc/stat:
+other users' work included) are taken too: the read path's CPU per GB (curl + nginx; the daemon + dd + nginx) says
+what a read costs the machine, and where every core is busy, the rates follow those costs, not the pipelines.
+
 The load (/proc/loadavg) is printed with every figure: the machine is shared. CPU-seconds per GB moves less with
 the load than GB/s does. ``--perf PREFIX`` records the daemon during the first round's reads (``perf record -g -p
 PID``, into PREFIX.CASE.CHECKOUT); ``perf report -i FILE --no-children --sort sym`` shows where its time goes.
@@ -72,6 +76,41 @@ TARGETS = {"cpu": 2.0, "rate": 0.8, "capped_tensor": 4.0, "capped_model": 6.0}  
 
 def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def server_cpu(nginx: Nginx) -> float:
+    """User + system CPU-seconds of nginx so far: its master and workers (the processes whose parent it is)."""
+    master = nginx.pid if nginx.pid is not None else -1
+    total = 0.0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as stream:
+                parent = int(stream.read().rpartition(")")[2].split()[1])
+            if int(name) == master or parent == master:
+                total += cpu_seconds(int(name))
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return total
+
+
+@contextlib.contextmanager
+def watched(nginx: Nginx, figures: dict[str, float]) -> Iterator[None]:
+    """nginx's CPU-seconds and the cores busy (of all the machine's, from /proc/stat: other users' work included)
+    while the block runs, into ``figures`` as ``server_cpu`` and ``busy_cores``."""
+
+    def ticks() -> tuple[int, int]:
+        with open("/proc/stat") as stream:
+            values = [int(v) for v in stream.readline().split()[1:9]]  # past steal: guest time, counted in user
+        return sum(values), values[3] + values[4]  # all, idle + iowait
+
+    server, (total, idle) = server_cpu(nginx), ticks()
+    yield
+    after_total, after_idle = ticks()
+    figures["server_cpu"] = server_cpu(nginx) - server
+    spent = max(1, after_total - total)
+    figures["busy_cores"] = (os.cpu_count() or 1) * (1 - (after_idle - idle) / spent)
 
 
 def finished_cpu(process: subprocess.Popen) -> float:
@@ -148,19 +187,30 @@ def touch_memory(size: int) -> float:
 
 
 def read_through_mount(
-    url: str, mnt: str, path: str, size: int, perf: str | None = None, warm_memory: bool = True
+    url: str,
+    mnt: str,
+    path: str,
+    size: int,
+    perf: str | None = None,
+    warm_memory: bool = True,
+    nginx: Nginx | None = None,
 ) -> dict[str, float]:
     """``dd`` of ``path`` (relative to the mount) on a fresh mount of ``url``: GB/s, the daemon's and dd's
-    CPU-seconds per GB."""
+    CPU-seconds per GB; given ``nginx``, its CPU-seconds per GB and the machine's cores busy meanwhile too."""
+    watch: dict[str, float] = {}
     with Mount(url, mnt) as mount:
         before = settled(mount.pid)
         if warm_memory:
             touch_memory(size * 2)
-        with recorded(mount.pid, perf):
+        with recorded(mount.pid, perf), watched(nginx, watch) if nginx else contextlib.nullcontext():
             seconds, dd_cpu = timed(["dd", f"if={os.path.join(mnt, path)}", "of=/dev/null", "bs=1M"])
         daemon = cpu_seconds(mount.pid) - before
     gb = size / 1e9
-    return {"gbs": gb / seconds, "daemon_cpu": daemon / gb, "dd_cpu": dd_cpu / gb}
+    figures = {"gbs": gb / seconds, "daemon_cpu": daemon / gb, "dd_cpu": dd_cpu / gb}
+    if nginx is not None:
+        figures.update(server_cpu=watch["server_cpu"] / gb, busy_cores=watch["busy_cores"])
+        figures["path_cpu"] = figures["daemon_cpu"] + figures["dd_cpu"] + figures["server_cpu"]
+    return figures
 
 
 FETCH_BLOCK = 8 * MIB  # stfs's block: the GETs of its readahead
@@ -224,12 +274,16 @@ def one_round(
             url = f"{base}/{model}"
             if not args.cold:
                 figures["fresh_memory_gbs"] = touch_memory(2 * size)
-            first = curl(url, extra)
+            curl_watch: list[dict[str, float]] = [{}, {}]
+            with watched(nginx, curl_watch[0]):
+                first = curl(url, extra)
             reads = {}
             for name, path in checkouts:
                 STFS_REPO[0] = path
                 perf = f"{args.perf}.{case}.{name}" if args.perf and number == 0 else None
-                reads[name] = read_through_mount(url, mnt, os.path.join("files", model), size, perf, not args.cold)
+                reads[name] = read_through_mount(
+                    url, mnt, os.path.join("files", model), size, perf, not args.cold, nginx
+                )
                 if case == "http" and args.local:  # the file mounted from disk: what FUSE's page cache costs alone
                     local = read_through_mount(
                         str(nginx.root / model), mnt, f"files/{model}", size, None, not args.cold
@@ -237,13 +291,18 @@ def one_round(
                     figures.update({f"{name}_local_{k}": v for k, v in local.items()})
             if not args.cold:
                 touch_memory(2 * size)
-            last = curl(url, extra)  # curl before and after stfs, their mean: the machine drifts meanwhile
+            with watched(nginx, curl_watch[1]):
+                last = curl(url, extra)  # curl before and after stfs, their mean: the machine drifts meanwhile
             figures["curl_gbs"] = statistics.mean(size / seconds / 1e9 for seconds, _ in (first, last))
             figures["curl_cpu"] = statistics.mean(used / (size / 1e9) for _, used in (first, last))
+            figures["curl_server_cpu"] = statistics.mean(w["server_cpu"] / (size / 1e9) for w in curl_watch)
+            figures["curl_busy_cores"] = statistics.mean(w["busy_cores"] for w in curl_watch)
+            figures["curl_path_cpu"] = figures["curl_cpu"] + figures["curl_server_cpu"]
             for name, stfs in reads.items():
                 figures.update({f"{name}_{k}": v for k, v in stfs.items()})
                 figures[f"{name}_cpu_vs_curl"] = stfs["daemon_cpu"] / figures["curl_cpu"]
                 figures[f"{name}_rate_vs_curl"] = stfs["gbs"] / figures["curl_gbs"]
+                figures[f"{name}_path_vs_curl"] = stfs["path_cpu"] / figures["curl_path_cpu"]
         elif case in ("fetch-http", "fetch-https"):
             base = nginx.url if case == "fetch-http" else nginx.https_url
             for name, path in checkouts:
@@ -321,6 +380,12 @@ def table(medians: dict[str, dict[str, float]], rounds: list[dict[str, Any]], na
                 f"| {m[f'{name}_daemon_cpu']:.3f} | {m[f'{name}_dd_cpu']:.3f} | daemon CPU "
                 f"{m[f'{name}_cpu_vs_curl']:.2f}x curl's (<= {TARGETS['cpu']}x), "
                 f"rate {m[f'{name}_rate_vs_curl']:.2f}x (>= {TARGETS['rate']}x) |"
+            )
+            lines.append(
+                f"| {label}: the whole read path (client + nginx; stfs's dd too) | | {m['curl_path_cpu']:.3f} | | "
+                f"{m[f'{name}_path_cpu']:.3f} | | {m[f'{name}_path_vs_curl']:.2f}x curl's; cores busy (of "
+                f"{os.cpu_count()}, anyone's) during curl {m['curl_busy_cores']:.2f}, "
+                f"stfs {m[f'{name}_busy_cores']:.2f} |"
             )
             if f"{name}_local_daemon_cpu" in m:
                 lines.append(

@@ -421,6 +421,11 @@ class Nginx:
                 if "Address already in use" not in errors or attempt == 2:
                     raise RuntimeError(f"nginx did not start: {errors}") from None
 
+    @property
+    def pid(self) -> int | None:
+        """The master process's PID while it runs (its workers are its children)."""
+        return self._process.pid if self._process is not None else None
+
     def stop(self) -> None:
         if self._process is not None:
             _stop_process(self._process)  # SIGTERM: fast shutdown of master and workers
