@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 from ..base import RangeFetcher, ReadMany
 from .rules import BadStructure, Hdf5Truncated, TooLarge
@@ -85,6 +86,7 @@ class Reader:
         self._read = 0
         self._steps = 0
         self._last: tuple[int, int, bytes] = (0, 0, b"")  # the window the last read found: most reads follow it
+        self.memo: dict[tuple[int, bytes], Any] = {}  # messages decoded, by kind and bytes: datasets share them
         cheap = first_read < CHEAP_FIRST_READ
         self.window = LOCAL_WINDOW if cheap else WINDOW
         self._many: ReadMany | None = None if cheap else getattr(fetch, "many", None)
@@ -120,22 +122,23 @@ class Reader:
         structure whose length its first bytes tell, taken in one go where it is short (never a read for more)."""
         offset = self.base + address
         first, end, window = self._last
-        if not first <= offset <= offset + least <= end:
-            self.raw(offset, least, what)  # the window that holds them is now the last one found
-            first, end, window = self._last
-            if not first <= offset <= offset + least <= end:
-                return self.raw(offset, least, what)
-        return window[offset - first : min(offset - first + size, end - first)]
+        if first <= offset and offset + least <= end:
+            return window[offset - first : offset - first + size]
+        self.raw(offset, least, what)  # the window that holds them is now the last one found
+        first, end, window = self._last
+        if first <= offset and offset + least <= end:
+            return window[offset - first : offset - first + size]
+        return self.raw(offset, least, what)
 
     def raw(self, offset: int, size: int, what: str) -> bytes:
         """``size`` bytes at ``offset`` from the start of the HDF5 file (before its superblock too)."""
+        first, end, window = self._last
+        if first <= offset and offset + size <= end and size >= 0:
+            return window[offset - first : offset - first + size]
         if offset < 0 or size < 0 or offset + size > self.size:
             raise Hdf5Truncated(
                 self.path, f"{what} at byte {offset} ({size} bytes) lies past the end of the file ({self.size} bytes)"
             )
-        first, end, window = self._last
-        if first <= offset and offset + size <= end:
-            return window[offset - first : offset - first + size]
         i = bisect.bisect_right(self._starts, offset) - 1
         if i >= 0:
             first = self._starts[i]
