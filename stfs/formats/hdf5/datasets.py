@@ -42,6 +42,7 @@ FLOATS = {(2, 5, 10): "F16", (2, 8, 7): "BF16", (4, 8, 23): "F32", (8, 11, 52): 
 SIGNED = {1: "I8", 2: "I16", 4: "I32", 8: "I64"}
 UNSIGNED = {1: "U8", 2: "U16", 4: "U32", 8: "U64"}
 _KIND = operator.itemgetter(0)  # a Message's kind
+NAMED = -1  # the memo's kind of a datatype message named as a dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +146,14 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
         space = reader.memo[DATASPACE, space_message.data] = read_dataspace(reader, space_message.data)
     if space.null:
         return None
-    datatype = _datatype(reader, type_message, name)
-    dtype = dtype_name(reader, heap, datatype, messages, name)
+    known = None if type_message.flags & SHARED else reader.memo.get((NAMED, type_message.data))
+    if known is None:
+        datatype = _datatype(reader, type_message, name)
+        dtype = dtype_name(reader, heap, datatype, messages, name)
+        if not type_message.flags & SHARED and not (datatype.cls in (OPAQUE, FIXED) and datatype.size == 2):
+            reader.memo[NAMED, type_message.data] = (datatype, dtype)  # (a 2-byte one's depends on its attributes)
+    else:
+        datatype, dtype = known
     itemsize = datatype.size
     shape = space.shape
     nbytes = math.prod(shape) * itemsize
@@ -200,5 +207,5 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
             f"its bytes ({nbytes} at address {layout.address}) run past the end of the file ({reader.size} bytes)",
             name,
         )
-    begin = reader.absolute(layout.address)
-    return Hdf5Entry(name, dtype, shape, begin, begin + nbytes, dataset=shown)
+    begin = reader.start + reader.base + layout.address
+    return Hdf5Entry(name, dtype, shape, begin, begin + nbytes, shown)

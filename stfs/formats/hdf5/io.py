@@ -82,7 +82,7 @@ class Reader:
         self.length_size = 8
         self.undefined = (1 << 64) - 1
         self._starts: list[int] = []  # sorted window starts (relative to ``start``)
-        self._windows: dict[int, bytes] = {}
+        self._windows: dict[int, tuple[int, int, bytes]] = {}  # by start: (start, end, bytes)
         self._read = 0
         self._steps = 0
         self._last: tuple[int, int, bytes] = (0, 0, b"")  # the window the last read found: most reads follow it
@@ -115,7 +115,11 @@ class Reader:
 
     def at(self, address: int, size: int, what: str) -> bytes:
         """``size`` bytes at ``address``; ``Hdf5Truncated`` naming ``what`` where they are not all in the file."""
-        return self.raw(self.base + address, size, what)
+        offset = self.base + address
+        first, end, window = self._last
+        if first <= offset and offset + size <= end and size >= 0:  # raw's first case, without its call
+            return window[offset - first : offset - first + size]
+        return self.raw(offset, size, what)
 
     def upto(self, address: int, size: int, what: str, least: int) -> bytes:
         """At least ``least`` bytes at ``address``, and up to ``size`` where the window read for them holds more: a
@@ -124,6 +128,13 @@ class Reader:
         first, end, window = self._last
         if first <= offset and offset + least <= end:
             return window[offset - first : offset - first + size]
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i >= 0:
+            found = self._windows[self._starts[i]]
+            first, end, window = found
+            if offset + least <= end and least >= 0:
+                self._last = found
+                return window[offset - first : offset - first + size]
         self.raw(offset, least, what)  # the window that holds them is now the last one found
         first, end, window = self._last
         if first <= offset and offset + least <= end:
@@ -141,10 +152,10 @@ class Reader:
             )
         i = bisect.bisect_right(self._starts, offset) - 1
         if i >= 0:
-            first = self._starts[i]
-            window = self._windows[first]
-            if offset + size <= first + len(window):
-                self._last = (first, first + len(window), window)
+            found = self._windows[self._starts[i]]
+            first, end, window = found
+            if offset + size <= end:
+                self._last = found
                 return window[offset - first : offset - first + size]
         return self._fill(offset, size)[:size]
 
@@ -164,10 +175,11 @@ class Reader:
         return data[wanted - offset :]
 
     def _keep(self, offset: int, data: bytes) -> None:
-        if offset not in self._windows:
+        held = self._windows.get(offset)
+        if held is None:
             bisect.insort(self._starts, offset)
-        if len(data) >= len(self._windows.get(offset, b"")):
-            self._windows[offset] = data
+        if held is None or len(data) >= len(held[2]):
+            self._windows[offset] = (offset, offset + len(data), data)
 
     def prefetch(self, addresses: Sequence[int], size: int = WINDOW) -> None:
         """Read the windows at ``addresses`` not held yet, all at once where ``fetch`` reads ranges together (a
@@ -195,7 +207,7 @@ class Reader:
 
     def _held(self, offset: int, size: int) -> bool:
         i = bisect.bisect_right(self._starts, offset) - 1
-        return i >= 0 and offset + size <= self._starts[i] + len(self._windows[self._starts[i]])
+        return i >= 0 and offset + size <= self._windows[self._starts[i]][1]
 
     def check(self, data: bytes, what: str, address: int) -> None:
         """Refuse a version 2 structure whose last 4 bytes are not the lookup3 checksum of the bytes before."""

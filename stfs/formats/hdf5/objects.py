@@ -3,7 +3,9 @@ root group is, and each object's messages (type, flags, bytes, and where those b
 
 from __future__ import annotations
 
+import os
 import struct
+from types import ModuleType
 from typing import NamedTuple
 
 from .io import Fields, Reader
@@ -14,6 +16,20 @@ NIL = 0x00
 CONTINUATION = 0x10
 MAX_CONTINUATIONS = 10_000  # blocks of one object header
 MAX_MESSAGES = 100_000  # messages of one object header
+
+
+def _native() -> ModuleType | None:
+    """The walk's loops in C (``_scan.c``), unless not built (no compiler) or ``STFS_NATIVE=0`` asks for Python's."""
+    if os.environ.get("STFS_NATIVE") == "0":
+        return None
+    try:
+        from . import _scan
+    except ImportError:
+        return None
+    return _scan
+
+
+NATIVE = _native()
 
 
 def find_superblock(reader: Reader) -> int:
@@ -102,7 +118,11 @@ def read_object(reader: Reader, address: int) -> list[Message]:
         raise BadStructure(reader.path, f"the object header at address {address} has version {first[0]} (1 or 2)")
     size = int.from_bytes(first[8:12], "little")
     if 16 + size <= len(first):  # at hand: most are, and without a continuation, read in one loop here
-        short = _short(first, 16 + size, address)
+        short = (
+            _short(first, 16 + size, address)
+            if NATIVE is None
+            else NATIVE.v1_messages(first, 16 + size, address, Message)
+        )
         if short is not None:
             reader.step(1 + short[1])
             return short[0]

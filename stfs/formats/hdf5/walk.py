@@ -12,6 +12,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
+from . import objects
 from .btrees import v1_leaves, v2_records
 from .heaps import MAX_NAME, FractalHeap, local_heap
 from .io import Reader
@@ -129,19 +130,22 @@ _CODES = {2: "H", 4: "I", 8: "Q"}
 
 
 @functools.cache
-def _layouts(offset_size: int, length_size: int) -> tuple[struct.Struct, struct.Struct]:
-    """A version 1 B-tree node's (key, child) pairs: the child addresses; a symbol table entry: its name's offset in
-    the local heap, its object header's address."""
+def _layouts(offset_size: int, length_size: int) -> tuple[struct.Struct, struct.Struct, struct.Struct]:
+    """A symbol table message: its B-tree's address and its local heap's; a version 1 B-tree node's (key, child)
+    pairs: the child addresses; a symbol table entry: its name's offset in the local heap, its object header's
+    address."""
     o = _CODES[offset_size]
-    return struct.Struct(f"<{length_size}x{o}"), struct.Struct(f"<2{o}24x")
+    return struct.Struct(f"<2{o}"), struct.Struct(f"<{length_size}x{o}"), struct.Struct(f"<2{o}24x")
 
 
 def _symbol_table(reader: Reader, message: bytes) -> list[Link]:
     """The links of an old-style group: its B-tree's symbol table nodes' entries, named from its local heap."""
-    btree, heap_address = read_symbol_table(reader, message)
-    names = local_heap(reader, heap_address)
     o, n = reader.offset_size, reader.length_size
-    children, entries = _layouts(o, n)
+    table, children, entries = _layouts(o, n)
+    if len(message) < table.size:
+        read_symbol_table(reader, message)  # raises: it ends inside its fields
+    btree, heap_address = table.unpack_from(message)
+    names = local_heap(reader, heap_address)
     nodes: Iterable[int] | None = None
     if btree != reader.undefined:  # a root that is a leaf and at hand (most are: up to 32 nodes) read here
         reader.step()
@@ -164,6 +168,12 @@ def _symbol_table(reader: Reader, message: bytes) -> list[Link]:
         if len(data) < count * entry:
             data = reader.at(node + 8, count * entry, "a symbol table node")
         reader.step(count)
+        if objects.NATIVE is not None:
+            named = objects.NATIVE.symbol_entries(data, o, names, MAX_NAME, Link)
+            if type(named) is int:
+                raise BadStructure(reader.path, f"no name ends at offset {named} of a local heap of {size} bytes")
+            links += named
+            continue
         for offset, address in entries.iter_unpack(data):
             end = find(b"\0", offset, offset + MAX_NAME)
             if end < 0 or offset >= size:

@@ -1,0 +1,6 @@
+from typing import Any
+
+def v1_messages(first: bytes, length: int, address: int, message: type[Any], /) -> tuple[list[Any], int] | None: ...
+def symbol_entries(
+    entries: bytes, offset_size: int, names: bytes, max_name: int, link: type[Any], /
+) -> list[Any] | int: ...
