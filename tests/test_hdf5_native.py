@@ -150,3 +150,34 @@ def test_the_c_loops_check_what_they_are_given() -> None:
     assert native.symbol_entries((2**64 - 1).to_bytes(8, "little") + bytes(32), 8, names, 1 << 16, Link) == 2**64 - 1
     with pytest.raises(ValueError):
         native.symbol_entries(entry[:-1], 8, names, 1 << 16, Link)
+
+
+def test_a_group_table_in_one_window_is_read_in_c(tmp_path: Path) -> None:
+    from stfs.formats.hdf5.io import Reader
+    from stfs.formats.hdf5.messages import SYMBOL_TABLE
+    from stfs.formats.hdf5.objects import read_object, read_superblock
+
+    native = objects.NATIVE
+    assert native is not None
+    path = keras2(tmp_path / "keras2.h5")
+    data = path.read_bytes()
+    reader = Reader(lambda offset, size: data[offset : offset + size], str(path), 0, len(data))
+    root = read_object(reader, read_superblock(reader).root)
+    message = next(message.data for message in root if message.kind == SYMBOL_TABLE)
+    heap = int.from_bytes(message[8:16], "little")
+    whole = native.symbol_table(data, 0, 0, message, 8, 8, 1 << 16, Link)
+    assert whole is not None
+    links, steps = whole
+    with h5py.File(path) as file:
+        assert sorted(link.name for link in links) == sorted(file.keys())
+        assert {link.address for link in links} == {h5py.h5o.get_info(file[name].id).addr for name in file}
+    assert steps == 1 + len(links)
+    # any window short of one of its structures, or holding a changed signature, is handed back to Python
+    found = [native.symbol_table(data[:end], 0, 0, message, 8, 8, 1 << 16, Link) for end in range(0, heap + 64, 7)]
+    assert all(result is None for result in found)
+    for at in (heap, heap + 4, int.from_bytes(message[:8], "little")):
+        changed = data[:at] + b"X" + data[at + 1 :]
+        assert native.symbol_table(changed, 0, 0, message, 8, 8, 1 << 16, Link) is None
+    assert native.symbol_table(data, 0, 0, message[:15], 8, 8, 1 << 16, Link) is None
+    assert native.symbol_table(data, 0, 2**64 - 1, message, 8, 8, 1 << 16, Link) is None  # an address past 64 bits
+    assert native.symbol_table(data[4096:], 4096, 0, message, 8, 8, 1 << 16, Link) is None  # before the window

@@ -145,7 +145,107 @@ static PyObject *symbol_entries(PyObject *self, PyObject *args) {
     return links;
 }
 
+/* The ``size`` bytes at file address ``address`` (``base`` + ``address`` from the start of the HDF5 file) if they
+ * lie in ``window`` (read from byte ``first``), else NULL. */
+static const unsigned char *within(const unsigned char *window, unsigned long long first, unsigned long long length,
+                                   unsigned long long base, unsigned long long address, unsigned long long size) {
+    if (address > ULLONG_MAX - base)
+        return NULL;
+    unsigned long long offset = base + address;
+    if (offset < first || offset - first > length || size > length - (offset - first))
+        return NULL;
+    return window + (offset - first);
+}
+
+/* symbol_table(window, first, base, message, offset_size, length_size, max_name, Link) -> ([Link, ...], steps) | None:
+ * the links of an old-style group whose symbol table message is ``message``, where its local heap, its B-tree's root
+ * (a leaf) and that leaf's symbol table nodes all lie in ``window`` (the bytes read from ``first``); steps: the walk's
+ * steps Python counts for them. None for anything else (a structure elsewhere, a wrong signature, a name that does
+ * not end): walk._symbol_table reads it then, and says what is wrong. */
+static PyObject *symbol_table(PyObject *self, PyObject *args) {
+    PyObject *window_object, *first_object, *base_object, *message, *type;
+    int o, n;
+    Py_ssize_t max_name;
+    if (!PyArg_ParseTuple(args, "SOOSiinO", &window_object, &first_object, &base_object, &message, &o, &n, &max_name,
+                          &type) ||
+        !tuple_type(type))
+        return NULL;
+    if ((o != 2 && o != 4 && o != 8) || (n != 2 && n != 4 && n != 8) || max_name < 0) {
+        PyErr_SetString(PyExc_ValueError, "sizes of 2, 4 or 8 bytes");
+        return NULL;
+    }
+    unsigned long long first = PyLong_AsUnsignedLongLong(first_object), base = PyLong_AsUnsignedLongLong(base_object);
+    if (PyErr_Occurred())
+        return NULL;
+    const unsigned char *window = (const unsigned char *)PyBytes_AS_STRING(window_object);
+    unsigned long long length = (unsigned long long)PyBytes_GET_SIZE(window_object);
+    const unsigned char *m = (const unsigned char *)PyBytes_AS_STRING(message);
+    if (PyBytes_GET_SIZE(message) < 2 * o)
+        Py_RETURN_NONE;
+    unsigned long long btree = little(m, o), heap_address = little(m + o, o);
+    unsigned long long undefined = o == 8 ? ULLONG_MAX : (1ULL << (8 * o)) - 1;
+    /* the local heap: its header, then its data segment (the names) */
+    const unsigned char *heap = within(window, first, length, base, heap_address, 8 + 2 * n + o);
+    if (heap == NULL || memcmp(heap, "HEAP\0", 5) != 0)
+        Py_RETURN_NONE;
+    unsigned long long names_size = little(heap + 8, n), names_address = little(heap + 8 + 2 * n, o);
+    const unsigned char *names = within(window, first, length, base, names_address, names_size);
+    if (names == NULL || btree == undefined)
+        Py_RETURN_NONE;
+    /* the B-tree's root, a leaf whose keys and children lie in the window: as walk._symbol_table takes it, up to 1024
+     * bytes of it at hand */
+    unsigned long long body = 8 + 2 * (unsigned long long)o;
+    const unsigned char *node = within(window, first, length, base, btree, body);
+    if (node == NULL || memcmp(node, "TREE\0\0", 6) != 0)
+        Py_RETURN_NONE;
+    unsigned long long used = node[6] | node[7] << 8, at_hand = length - (base + btree - first);
+    if (at_hand > 1024)
+        at_hand = 1024;
+    if (body + used * (unsigned long long)(n + o) + n > at_hand)
+        Py_RETURN_NONE;
+    unsigned long long entry = 2 * (unsigned long long)o + ENTRY_CACHE, steps = 1;
+    PyObject *links = PyList_New(0);
+    if (links == NULL)
+        return NULL;
+    for (unsigned long long k = 0; k < used; k++) {
+        unsigned long long child = little(node + body + k * (n + o) + n, o);
+        const unsigned char *snod = within(window, first, length, base, child, 8);
+        if (snod == NULL || memcmp(snod, "SNOD\1", 5) != 0)
+            goto python;
+        unsigned long long count = snod[6] | snod[7] << 8;
+        const unsigned char *entries = within(window, first, length, base, child, 8 + count * entry);
+        if (entries == NULL)
+            goto python;
+        steps += count;
+        for (unsigned long long i = 0; i < count; i++) {
+            const unsigned char *at = entries + 8 + i * entry;
+            unsigned long long offset = little(at, o), address = little(at + o, o);
+            if (offset >= names_size)
+                goto python;
+            unsigned long long room = names_size - offset;
+            size_t span = (size_t)(room < (unsigned long long)max_name ? room : (unsigned long long)max_name);
+            const char *name = (const char *)names + offset, *nul = memchr(name, 0, span);
+            if (nul == NULL)
+                goto python;
+            PyObject *items[3] = {PyUnicode_DecodeUTF8(name, nul - name, "surrogateescape"),
+                                  PyLong_FromUnsignedLongLong(address), PyLong_FromLong(0)};
+            PyObject *link = record((PyTypeObject *)type, 3, items);
+            if (link == NULL || PyList_Append(links, link) < 0) {
+                Py_XDECREF(link);
+                Py_DECREF(links);
+                return NULL;
+            }
+            Py_DECREF(link);
+        }
+    }
+    return Py_BuildValue("(NK)", links, steps);
+python:
+    Py_DECREF(links);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"symbol_table", symbol_table, METH_VARARGS, "An old-style group's links where its table lies in a window, or None."},
     {"v1_messages", v1_messages, METH_VARARGS, "The messages of a version 1 object header's first block, or None."},
     {"symbol_entries", symbol_entries, METH_VARARGS, "A symbol table node's entries as links, or a bad name's offset."},
     {NULL, NULL, 0, NULL},

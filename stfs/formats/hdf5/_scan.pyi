@@ -4,3 +4,14 @@ def v1_messages(first: bytes, length: int, address: int, message: type[Any], /) 
 def symbol_entries(
     entries: bytes, offset_size: int, names: bytes, max_name: int, link: type[Any], /
 ) -> list[Any] | int: ...
+def symbol_table(
+    window: bytes,
+    first: int,
+    base: int,
+    message: bytes,
+    offset_size: int,
+    length_size: int,
+    max_name: int,
+    link: type[Any],
+    /,
+) -> tuple[list[Any], int] | None: ...

@@ -159,6 +159,20 @@ class Reader:
                 return window[offset - first : offset - first + size]
         return self._fill(offset, size)[:size]
 
+    def window_at(self, address: int) -> tuple[int, bytes] | None:
+        """The window held that holds the byte at ``address``: where it starts (from the start of the HDF5 file, as
+        ``raw`` counts) and its bytes; ``None`` where none does yet."""
+        offset = self.base + address
+        first, end, window = self._last
+        if first <= offset < end:
+            return first, window
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i >= 0:
+            first, end, window = self._windows[self._starts[i]]
+            if offset < end:
+                return first, window
+        return None
+
     def _fill(self, offset: int, size: int) -> bytes:
         wanted = offset
         if self._many is None:  # a local window starts before too: libhdf5 puts a group's heap before its header

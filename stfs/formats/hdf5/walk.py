@@ -145,6 +145,13 @@ def _symbol_table(reader: Reader, message: bytes) -> list[Link]:
     if len(message) < table.size:
         read_symbol_table(reader, message)  # raises: it ends inside its fields
     btree, heap_address = table.unpack_from(message)
+    native = objects.NATIVE
+    held = reader.window_at(heap_address) if native is not None else None
+    if native is not None and held is not None:  # in C where the whole table lies in its local heap's window
+        found = native.symbol_table(held[1], held[0], reader.base, message, o, n, MAX_NAME, Link)
+        if found is not None:
+            reader.step(found[1])
+            return found[0]
     names = local_heap(reader, heap_address)
     nodes: Iterable[int] | None = None
     if btree != reader.undefined:  # a root that is a leaf and at hand (most are: up to 32 nodes) read here
@@ -168,8 +175,8 @@ def _symbol_table(reader: Reader, message: bytes) -> list[Link]:
         if len(data) < count * entry:
             data = reader.at(node + 8, count * entry, "a symbol table node")
         reader.step(count)
-        if objects.NATIVE is not None:
-            named = objects.NATIVE.symbol_entries(data, o, names, MAX_NAME, Link)
+        if native is not None:
+            named = native.symbol_entries(data, o, names, MAX_NAME, Link)
             if type(named) is int:
                 raise BadStructure(reader.path, f"no name ends at offset {named} of a local heap of {size} bytes")
             links += named
