@@ -165,19 +165,26 @@ def test_a_group_table_in_one_window_is_read_in_c(tmp_path: Path) -> None:
     root = read_object(reader, read_superblock(reader).root)
     message = next(message.data for message in root if message.kind == SYMBOL_TABLE)
     heap = int.from_bytes(message[8:16], "little")
-    whole = native.symbol_table(data, 0, 0, message, 8, 8, 1 << 16, Link)
+    whole = native.symbol_table(data, 0, 0, message, 8, 8, 1 << 16, Link, 1 << 20)
     assert whole is not None
     links, steps = whole
     with h5py.File(path) as file:
         assert sorted(link.name for link in links) == sorted(file.keys())
         assert {link.address for link in links} == {h5py.h5o.get_info(file[name].id).addr for name in file}
     assert steps == 1 + len(links)
+    # the walk's steps bound the links made (a leaf's children may all name one node): past its budget, Python's
+    assert native.symbol_table(data, 0, 0, message, 8, 8, 1 << 16, Link, steps) == whole
+    assert native.symbol_table(data, 0, 0, message, 8, 8, 1 << 16, Link, steps - 1) is None
     # any window short of one of its structures, or holding a changed signature, is handed back to Python
-    found = [native.symbol_table(data[:end], 0, 0, message, 8, 8, 1 << 16, Link) for end in range(0, heap + 64, 7)]
+    found = [
+        native.symbol_table(data[:end], 0, 0, message, 8, 8, 1 << 16, Link, 1 << 20) for end in range(0, heap + 64, 7)
+    ]
     assert all(result is None for result in found)
     for at in (heap, heap + 4, int.from_bytes(message[:8], "little")):
         changed = data[:at] + b"X" + data[at + 1 :]
-        assert native.symbol_table(changed, 0, 0, message, 8, 8, 1 << 16, Link) is None
-    assert native.symbol_table(data, 0, 0, message[:15], 8, 8, 1 << 16, Link) is None
-    assert native.symbol_table(data, 0, 2**64 - 1, message, 8, 8, 1 << 16, Link) is None  # an address past 64 bits
-    assert native.symbol_table(data[4096:], 4096, 0, message, 8, 8, 1 << 16, Link) is None  # before the window
+        assert native.symbol_table(changed, 0, 0, message, 8, 8, 1 << 16, Link, 1 << 20) is None
+    assert native.symbol_table(data, 0, 0, message[:15], 8, 8, 1 << 16, Link, 1 << 20) is None
+    assert (
+        native.symbol_table(data, 0, 2**64 - 1, message, 8, 8, 1 << 16, Link, 1 << 20) is None
+    )  # an address past 64 bits
+    assert native.symbol_table(data[4096:], 4096, 0, message, 8, 8, 1 << 16, Link, 1 << 20) is None  # before the window

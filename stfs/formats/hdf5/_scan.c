@@ -157,17 +157,18 @@ static const unsigned char *within(const unsigned char *window, unsigned long lo
     return window + (offset - first);
 }
 
-/* symbol_table(window, first, base, message, offset_size, length_size, max_name, Link) -> ([Link, ...], steps) | None:
- * the links of an old-style group whose symbol table message is ``message``, where its local heap, its B-tree's root
- * (a leaf) and that leaf's symbol table nodes all lie in ``window`` (the bytes read from ``first``); steps: the walk's
- * steps Python counts for them. None for anything else (a structure elsewhere, a wrong signature, a name that does
- * not end): walk._symbol_table reads it then, and says what is wrong. */
+/* symbol_table(window, first, base, message, offset_size, length_size, max_name, Link, budget) -> ([Link, ...], steps)
+ * | None: the links of an old-style group whose symbol table message is ``message``, where its local heap, its
+ * B-tree's root (a leaf) and that leaf's symbol table nodes all lie in ``window`` (the bytes read from ``first``);
+ * steps: the walk's steps Python counts for them, at most ``budget`` (the leaf's children may name one node many
+ * times: the steps bound the links made). None for anything else (a structure elsewhere, a wrong signature, a name
+ * that does not end, more steps than the budget): walk._symbol_table reads it then, and says what is wrong. */
 static PyObject *symbol_table(PyObject *self, PyObject *args) {
     PyObject *window_object, *first_object, *base_object, *message, *type;
     int o, n;
-    Py_ssize_t max_name;
-    if (!PyArg_ParseTuple(args, "SOOSiinO", &window_object, &first_object, &base_object, &message, &o, &n, &max_name,
-                          &type) ||
+    Py_ssize_t max_name, budget;
+    if (!PyArg_ParseTuple(args, "SOOSiinOn", &window_object, &first_object, &base_object, &message, &o, &n, &max_name,
+                          &type, &budget) ||
         !tuple_type(type))
         return NULL;
     if ((o != 2 && o != 4 && o != 8) || (n != 2 && n != 4 && n != 8) || max_name < 0) {
@@ -217,6 +218,8 @@ static PyObject *symbol_table(PyObject *self, PyObject *args) {
         if (entries == NULL)
             goto python;
         steps += count;
+        if (budget < 0 || steps > (unsigned long long)budget)
+            goto python;
         for (unsigned long long i = 0; i < count; i++) {
             const unsigned char *at = entries + 8 + i * entry;
             unsigned long long offset = little(at, o), address = little(at + o, o);

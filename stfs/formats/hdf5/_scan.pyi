@@ -13,5 +13,6 @@ def symbol_table(
     length_size: int,
     max_name: int,
     link: type[Any],
+    budget: int,
     /,
 ) -> tuple[list[Any], int] | None: ...

@@ -109,6 +109,11 @@ class Reader:
         if self._steps > MAX_STEPS:
             raise TooLarge(self.path, f"its structures take more than {MAX_STEPS:,} steps to walk")
 
+    @property
+    def steps_left(self) -> int:
+        """Steps the walk may still take before ``step`` refuses the file."""
+        return MAX_STEPS - self._steps
+
     def absolute(self, address: int) -> int:
         """The byte of the file ``fetch`` reads where ``address`` (relative to the superblock) lies."""
         return self.start + self.base + address
