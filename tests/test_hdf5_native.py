@@ -152,20 +152,24 @@ def test_the_c_loops_check_what_they_are_given() -> None:
         native.symbol_entries(entry[:-1], 8, names, 1 << 16, Link)
 
 
-def test_a_group_table_in_one_window_is_read_in_c(tmp_path: Path) -> None:
+def test_a_group_table_is_read_in_c_through_the_readers_windows(tmp_path: Path) -> None:
     from stfs.formats.hdf5.io import Reader
     from stfs.formats.hdf5.messages import SYMBOL_TABLE
     from stfs.formats.hdf5.objects import read_object, read_superblock
+    from stfs.formats.hdf5.rules import Hdf5Truncated
 
     native = objects.NATIVE
     assert native is not None
     path = keras2(tmp_path / "keras2.h5")
     data = path.read_bytes()
-    reader = Reader(lambda offset, size: data[offset : offset + size], str(path), 0, len(data))
-    root = read_object(reader, read_superblock(reader).root)
-    message = next(message.data for message in root if message.kind == SYMBOL_TABLE)
-    heap = int.from_bytes(message[8:16], "little")
-    whole = native.symbol_table(data, 0, 0, message, 8, 8, 1 << 16, Link, 1 << 20)
+
+    def table(data: bytes, budget: int = 1 << 20) -> tuple[list[Link], int] | None:
+        reader = Reader(lambda offset, size: data[offset : offset + size], str(path), 0, len(data))
+        root = read_object(reader, read_superblock(reader).root)
+        message = next(message.data for message in root if message.kind == SYMBOL_TABLE)
+        return native.symbol_table(reader.window_for, reader.base, message, 8, 8, 1 << 16, Link, budget)
+
+    whole = table(data)
     assert whole is not None
     links, steps = whole
     with h5py.File(path) as file:
@@ -173,18 +177,20 @@ def test_a_group_table_in_one_window_is_read_in_c(tmp_path: Path) -> None:
         assert {link.address for link in links} == {h5py.h5o.get_info(file[name].id).addr for name in file}
     assert steps == 1 + len(links)
     # the walk's steps bound the links made (a leaf's children may all name one node): past its budget, Python's
-    assert native.symbol_table(data, 0, 0, message, 8, 8, 1 << 16, Link, steps) == whole
-    assert native.symbol_table(data, 0, 0, message, 8, 8, 1 << 16, Link, steps - 1) is None
-    # any window short of one of its structures, or holding a changed signature, is handed back to Python
-    found = [
-        native.symbol_table(data[:end], 0, 0, message, 8, 8, 1 << 16, Link, 1 << 20) for end in range(0, heap + 64, 7)
-    ]
-    assert all(result is None for result in found)
-    for at in (heap, heap + 4, int.from_bytes(message[:8], "little")):
-        changed = data[:at] + b"X" + data[at + 1 :]
-        assert native.symbol_table(changed, 0, 0, message, 8, 8, 1 << 16, Link, 1 << 20) is None
-    assert native.symbol_table(data, 0, 0, message[:15], 8, 8, 1 << 16, Link, 1 << 20) is None
-    assert (
-        native.symbol_table(data, 0, 2**64 - 1, message, 8, 8, 1 << 16, Link, 1 << 20) is None
-    )  # an address past 64 bits
-    assert native.symbol_table(data[4096:], 4096, 0, message, 8, 8, 1 << 16, Link, 1 << 20) is None  # before the window
+    assert table(data, steps) == whole
+    assert table(data, steps - 1) is None
+    # a changed signature is handed back to Python, which says what is wrong
+    reader = Reader(lambda offset, size: data[offset : offset + size], str(path), 0, len(data))
+    message = next(m.data for m in read_object(reader, read_superblock(reader).root) if m.kind == SYMBOL_TABLE)
+    for at in (int.from_bytes(message[8:16], "little"), int.from_bytes(message[:8], "little")):
+        assert table(data[:at] + b"X" + data[at + 1 :]) is None
+    # a file that ends inside a structure fails as Reader fails there, from inside the C loop
+    cut = int.from_bytes(message[8:16], "little") + 4  # inside the local heap's header
+    short = Reader(lambda offset, size: data[offset : min(offset + size, cut)], str(path), 0, len(data))  # sizes: 8
+    with pytest.raises(Hdf5Truncated, match="the file ends at byte"):
+        native.symbol_table(short.window_for, short.base, message, 8, 8, 1 << 16, Link, 1 << 20)
+    # a lookup that hands over a window without the bytes asked for is refused, never read past
+    with pytest.raises(ValueError):
+        native.symbol_table(lambda address, least, what: (0, b"HEAP"), 0, message, 8, 8, 1 << 16, Link, 1 << 20)
+    with pytest.raises(ValueError):
+        native.symbol_table(lambda address, least, what: (address + 1, data), 0, message, 8, 8, 1 << 16, Link, 9)

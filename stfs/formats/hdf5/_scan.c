@@ -145,88 +145,118 @@ static PyObject *symbol_entries(PyObject *self, PyObject *args) {
     return links;
 }
 
-/* The ``size`` bytes at file address ``address`` (``base`` + ``address`` from the start of the HDF5 file) if they
- * lie in ``window`` (read from byte ``first``), else NULL. */
-static const unsigned char *within(const unsigned char *window, unsigned long long first, unsigned long long length,
-                                   unsigned long long base, unsigned long long address, unsigned long long size) {
-    if (address > ULLONG_MAX - base)
+/* The windows a symbol table's structures were found in, each kept alive (``held``) while its bytes are read. */
+typedef struct {
+    PyObject *lookup; /* Reader.window_for */
+    PyObject *held;   /* a list of the windows' bytes */
+    unsigned long long base;
+} Windows;
+
+/* The bytes at file address ``address`` of the window Reader.window_for(address, least, what) finds (reading it as
+ * Reader.upto would: the same reads in the same order), at least ``least`` of them, and in ``*room`` how many the
+ * window holds from there. NULL with Python's exception set where it raises (the file ends first, a bound). */
+static const unsigned char *window_for(Windows *windows, unsigned long long address, unsigned long long least,
+                                       const char *what, unsigned long long *room) {
+    PyObject *found = PyObject_CallFunction(windows->lookup, "KKs", address, least, what);
+    if (found == NULL)
         return NULL;
-    unsigned long long offset = base + address;
-    if (offset < first || offset - first > length || size > length - (offset - first))
+    PyObject *first_object, *window;
+    if (!PyArg_ParseTuple(found, "OS", &first_object, &window) || PyList_Append(windows->held, window) < 0) {
+        Py_DECREF(found);
         return NULL;
-    return window + (offset - first);
+    }
+    unsigned long long first = PyLong_AsUnsignedLongLong(first_object);
+    Py_DECREF(found); /* the window stays alive in ``held`` */
+    if (PyErr_Occurred())
+        return NULL;
+    unsigned long long length = (unsigned long long)PyBytes_GET_SIZE(window), offset;
+    if (address > ULLONG_MAX - windows->base || (offset = windows->base + address) < first ||
+        offset - first > length || least > length - (offset - first)) {
+        PyErr_SetString(PyExc_ValueError, "window_for gave a window that does not hold the bytes asked for");
+        return NULL;
+    }
+    *room = length - (offset - first);
+    return (const unsigned char *)PyBytes_AS_STRING(window) + (offset - first);
 }
 
-/* symbol_table(window, first, base, message, offset_size, length_size, max_name, Link, budget) -> ([Link, ...], steps)
- * | None: the links of an old-style group whose symbol table message is ``message``, where its local heap, its
- * B-tree's root (a leaf) and that leaf's symbol table nodes all lie in ``window`` (the bytes read from ``first``);
- * steps: the walk's steps Python counts for them, at most ``budget`` (the leaf's children may name one node many
- * times: the steps bound the links made). None for anything else (a structure elsewhere, a wrong signature, a name
- * that does not end, more steps than the budget): walk._symbol_table reads it then, and says what is wrong. */
+/* symbol_table(window_for, base, message, offset_size, length_size, max_name, Link, budget) -> ([Link, ...], steps)
+ * | None: the links of an old-style group whose symbol table message is ``message`` and whose B-tree's root is a
+ * leaf, each structure read through ``window_for`` (Reader.window_for: as walk._symbol_table reads them, in the same
+ * order, so that a file that ends first fails alike); steps: the walk's steps Python counts for them, at most
+ * ``budget`` (a leaf's children may name one node many times: the steps bound the links made). None for anything
+ * else (a wrong signature, a root that is no leaf, a name that does not end, more steps than the budget):
+ * walk._symbol_table walks it then, from the windows now held, and says what is wrong. */
 static PyObject *symbol_table(PyObject *self, PyObject *args) {
-    PyObject *window_object, *first_object, *base_object, *message, *type;
+    PyObject *lookup, *base_object, *message, *type;
     int o, n;
     Py_ssize_t max_name, budget;
-    if (!PyArg_ParseTuple(args, "SOOSiinOn", &window_object, &first_object, &base_object, &message, &o, &n, &max_name,
-                          &type, &budget) ||
+    if (!PyArg_ParseTuple(args, "OOSiinOn", &lookup, &base_object, &message, &o, &n, &max_name, &type, &budget) ||
         !tuple_type(type))
         return NULL;
     if ((o != 2 && o != 4 && o != 8) || (n != 2 && n != 4 && n != 8) || max_name < 0) {
         PyErr_SetString(PyExc_ValueError, "sizes of 2, 4 or 8 bytes");
         return NULL;
     }
-    unsigned long long first = PyLong_AsUnsignedLongLong(first_object), base = PyLong_AsUnsignedLongLong(base_object);
+    Windows windows = {lookup, NULL, PyLong_AsUnsignedLongLong(base_object)};
     if (PyErr_Occurred())
         return NULL;
-    const unsigned char *window = (const unsigned char *)PyBytes_AS_STRING(window_object);
-    unsigned long long length = (unsigned long long)PyBytes_GET_SIZE(window_object);
     const unsigned char *m = (const unsigned char *)PyBytes_AS_STRING(message);
     if (PyBytes_GET_SIZE(message) < 2 * o)
         Py_RETURN_NONE;
-    unsigned long long btree = little(m, o), heap_address = little(m + o, o);
+    unsigned long long btree = little(m, o), heap_address = little(m + o, o), room;
     unsigned long long undefined = o == 8 ? ULLONG_MAX : (1ULL << (8 * o)) - 1;
-    /* the local heap: its header, then its data segment (the names) */
-    const unsigned char *heap = within(window, first, length, base, heap_address, 8 + 2 * n + o);
-    if (heap == NULL || memcmp(heap, "HEAP\0", 5) != 0)
-        Py_RETURN_NONE;
-    unsigned long long names_size = little(heap + 8, n), names_address = little(heap + 8 + 2 * n, o);
-    const unsigned char *names = within(window, first, length, base, names_address, names_size);
-    if (names == NULL || btree == undefined)
-        Py_RETURN_NONE;
-    /* the B-tree's root, a leaf whose keys and children lie in the window: as walk._symbol_table takes it, up to 1024
-     * bytes of it at hand */
-    unsigned long long body = 8 + 2 * (unsigned long long)o;
-    const unsigned char *node = within(window, first, length, base, btree, body);
-    if (node == NULL || memcmp(node, "TREE\0\0", 6) != 0)
-        Py_RETURN_NONE;
-    unsigned long long used = node[6] | node[7] << 8, at_hand = length - (base + btree - first);
-    if (at_hand > 1024)
-        at_hand = 1024;
-    if (body + used * (unsigned long long)(n + o) + n > at_hand)
-        Py_RETURN_NONE;
-    unsigned long long entry = 2 * (unsigned long long)o + ENTRY_CACHE, steps = 1;
-    PyObject *links = PyList_New(0);
-    if (links == NULL)
+    PyObject *links = NULL;
+    windows.held = PyList_New(0);
+    if (windows.held == NULL)
         return NULL;
+    /* the local heap: its header, then its data segment (the names) */
+    const unsigned char *heap = window_for(&windows, heap_address, 8 + 2 * n + o, "a local heap", &room);
+    if (heap == NULL)
+        goto fail;
+    if (memcmp(heap, "HEAP\0", 5) != 0)
+        goto python;
+    unsigned long long names_size = little(heap + 8, n), names_address = little(heap + 8 + 2 * n, o);
+    const unsigned char *names = window_for(&windows, names_address, names_size, "a local heap's data segment", &room);
+    if (names == NULL)
+        goto fail;
+    if (btree == undefined || budget < 1)
+        goto python;
+    /* the B-tree's root, a leaf whose keys and children are at hand (up to 1024 bytes of it, as Python takes it) */
+    unsigned long long body = 8 + 2 * (unsigned long long)o;
+    const unsigned char *node = window_for(&windows, btree, body, "a version 1 B-tree node", &room);
+    if (node == NULL)
+        goto fail;
+    unsigned long long used = node[6] | node[7] << 8, at_hand = room < 1024 ? room : 1024;
+    if (memcmp(node, "TREE\0\0", 6) != 0 || body + used * (unsigned long long)(n + o) + n > at_hand)
+        goto python;
+    unsigned long long entry = 2 * (unsigned long long)o + ENTRY_CACHE, steps = 1;
+    links = PyList_New(0);
+    if (links == NULL)
+        goto fail;
     for (unsigned long long k = 0; k < used; k++) {
         unsigned long long child = little(node + body + k * (n + o) + n, o);
-        const unsigned char *snod = within(window, first, length, base, child, 8);
-        if (snod == NULL || memcmp(snod, "SNOD\1", 5) != 0)
+        const unsigned char *snod = window_for(&windows, child, 8, "a symbol table node", &room);
+        if (snod == NULL)
+            goto fail;
+        if (memcmp(snod, "SNOD\1", 5) != 0)
             goto python;
         unsigned long long count = snod[6] | snod[7] << 8;
-        const unsigned char *entries = within(window, first, length, base, child, 8 + count * entry);
-        if (entries == NULL)
-            goto python;
+        const unsigned char *entries = snod + 8;
+        if (8 + count * entry > (room < 1024 ? room : 1024)) { /* past what Python takes at once: read apart */
+            entries = window_for(&windows, child + 8, count * entry, "a symbol table node", &room);
+            if (entries == NULL)
+                goto fail;
+        }
         steps += count;
-        if (budget < 0 || steps > (unsigned long long)budget)
+        if (steps > (unsigned long long)budget)
             goto python;
         for (unsigned long long i = 0; i < count; i++) {
-            const unsigned char *at = entries + 8 + i * entry;
+            const unsigned char *at = entries + i * entry;
             unsigned long long offset = little(at, o), address = little(at + o, o);
             if (offset >= names_size)
                 goto python;
-            unsigned long long room = names_size - offset;
-            size_t span = (size_t)(room < (unsigned long long)max_name ? room : (unsigned long long)max_name);
+            unsigned long long left = names_size - offset;
+            size_t span = (size_t)(left < (unsigned long long)max_name ? left : (unsigned long long)max_name);
             const char *name = (const char *)names + offset, *nul = memchr(name, 0, span);
             if (nul == NULL)
                 goto python;
@@ -235,20 +265,25 @@ static PyObject *symbol_table(PyObject *self, PyObject *args) {
             PyObject *link = record((PyTypeObject *)type, 3, items);
             if (link == NULL || PyList_Append(links, link) < 0) {
                 Py_XDECREF(link);
-                Py_DECREF(links);
-                return NULL;
+                goto fail;
             }
             Py_DECREF(link);
         }
     }
+    Py_DECREF(windows.held);
     return Py_BuildValue("(NK)", links, steps);
 python:
-    Py_DECREF(links);
+    Py_XDECREF(links);
+    Py_DECREF(windows.held);
     Py_RETURN_NONE;
+fail:
+    Py_XDECREF(links);
+    Py_DECREF(windows.held);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
-    {"symbol_table", symbol_table, METH_VARARGS, "An old-style group's links where its table lies in a window, or None."},
+    {"symbol_table", symbol_table, METH_VARARGS, "An old-style group's links read through Reader.window_for, or None."},
     {"v1_messages", v1_messages, METH_VARARGS, "The messages of a version 1 object header's first block, or None."},
     {"symbol_entries", symbol_entries, METH_VARARGS, "A symbol table node's entries as links, or a bad name's offset."},
     {NULL, NULL, 0, NULL},

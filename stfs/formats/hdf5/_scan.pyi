@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from typing import Any
 
 def v1_messages(first: bytes, length: int, address: int, message: type[Any], /) -> tuple[list[Any], int] | None: ...
@@ -5,8 +6,7 @@ def symbol_entries(
     entries: bytes, offset_size: int, names: bytes, max_name: int, link: type[Any], /
 ) -> list[Any] | int: ...
 def symbol_table(
-    window: bytes,
-    first: int,
+    window_for: Callable[[int, int, str], tuple[int, bytes]],
     base: int,
     message: bytes,
     offset_size: int,

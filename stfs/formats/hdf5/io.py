@@ -164,19 +164,25 @@ class Reader:
                 return window[offset - first : offset - first + size]
         return self._fill(offset, size)[:size]
 
-    def window_at(self, address: int) -> tuple[int, bytes] | None:
-        """The window held that holds the byte at ``address``: where it starts (from the start of the HDF5 file, as
-        ``raw`` counts) and its bytes; ``None`` where none does yet."""
+    def window_for(self, address: int, least: int, what: str) -> tuple[int, bytes]:
+        """The window ``upto`` takes ``least`` bytes at ``address`` from (reading it as ``upto`` would): where it
+        starts, from the start of the HDF5 file as ``raw`` counts, and its bytes; for the C loops (``_scan.c``)."""
         offset = self.base + address
         first, end, window = self._last
-        if first <= offset < end:
+        if first <= offset and offset + least <= end:
             return first, window
         i = bisect.bisect_right(self._starts, offset) - 1
         if i >= 0:
-            first, end, window = self._windows[self._starts[i]]
-            if offset < end:
+            found = self._windows[self._starts[i]]
+            first, end, window = found
+            if offset + least <= end and least >= 0:
+                self._last = found
                 return first, window
-        return None
+        self.raw(offset, least, what)  # the window that holds them is now the last one found
+        first, end, window = self._last
+        if first <= offset and offset + least <= end:
+            return first, window
+        return offset, self.raw(offset, least, what)
 
     def _fill(self, offset: int, size: int) -> bytes:
         wanted = offset

@@ -146,9 +146,8 @@ def _symbol_table(reader: Reader, message: bytes) -> list[Link]:
         read_symbol_table(reader, message)  # raises: it ends inside its fields
     btree, heap_address = table.unpack_from(message)
     native = objects.NATIVE
-    held = reader.window_at(heap_address) if native is not None else None
-    if native is not None and held is not None:  # in C where the whole table lies in its local heap's window
-        found = native.symbol_table(held[1], held[0], reader.base, message, o, n, MAX_NAME, Link, reader.steps_left)
+    if native is not None:  # in C: the Python below where it meets anything but a leaf root and whole names
+        found = native.symbol_table(reader.window_for, reader.base, message, o, n, MAX_NAME, Link, reader.steps_left)
         if found is not None:
             reader.step(found[1])
             return found[0]
