@@ -131,20 +131,10 @@ class Reader:
         structure whose length its first bytes tell, taken in one go where it is short (never a read for more)."""
         offset = self.base + address
         first, end, window = self._last
-        if first <= offset and offset + least <= end:
+        if first <= offset and offset + least <= end:  # window_for's first case, without its call
             return window[offset - first : offset - first + size]
-        i = bisect.bisect_right(self._starts, offset) - 1
-        if i >= 0:
-            found = self._windows[self._starts[i]]
-            first, end, window = found
-            if offset + least <= end and least >= 0:
-                self._last = found
-                return window[offset - first : offset - first + size]
-        self.raw(offset, least, what)  # the window that holds them is now the last one found
-        first, end, window = self._last
-        if first <= offset and offset + least <= end:
-            return window[offset - first : offset - first + size]
-        return self.raw(offset, least, what)
+        first, window = self.window_for(address, least, what)
+        return window[offset - first : offset - first + size]
 
     def raw(self, offset: int, size: int, what: str) -> bytes:
         """``size`` bytes at ``offset`` from the start of the HDF5 file (before its superblock too)."""
@@ -165,8 +155,8 @@ class Reader:
         return self._fill(offset, size)[:size]
 
     def window_for(self, address: int, least: int, what: str) -> tuple[int, bytes]:
-        """The window ``upto`` takes ``least`` bytes at ``address`` from (reading it as ``upto`` would): where it
-        starts, from the start of the HDF5 file as ``raw`` counts, and its bytes; for the C loops (``_scan.c``)."""
+        """The window held (or read now) that has ``least`` bytes at ``address``: where it starts, from the start of
+        the HDF5 file as ``raw`` counts, and its bytes (``upto`` takes its bytes from it, and so do the C loops)."""
         offset = self.base + address
         first, end, window = self._last
         if first <= offset and offset + least <= end:
