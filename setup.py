@@ -1,11 +1,12 @@
-"""The optional C extensions: stfs._native (the FUSE requests that carry the load, answered in C) and stfs._tls
-(HTTPS bodies read without the GIL); and the man page stfs(1), written by argparse-manpage from stfs.cli's parser
-as the package is built and installed in share/man/man1 (pyproject.toml, [tool.build_manpages]).
+"""The optional C extensions: stfs._native (the FUSE requests that carry the load, answered in C), stfs._tls
+(HTTPS bodies read without the GIL) and stfs.formats.hdf5._scan (the HDF5 walk's loops over each object); and the
+man page stfs(1), written by argparse-manpage from stfs.cli's parser as the package is built and installed in
+share/man/man1 (pyproject.toml, [tool.build_manpages]).
 
-stfs._native is built against the libfuse3 headers (``pkg-config fuse3``; the package libfuse3-dev), stfs._tls
-against Python's alone (it finds OpenSSL in the library Python's ssl loaded). Without a compiler or the headers an
-extension is left out and stfs serves from Python instead (it says so, once, at mount). Everything else about
-the package is in pyproject.toml.
+stfs._native is built against the libfuse3 headers (``pkg-config fuse3``; the package libfuse3-dev), the others
+against Python's alone (stfs._tls finds OpenSSL in the library Python's ssl loaded). Without a compiler or the
+headers an extension is left out and stfs serves from Python instead (it says so, once, at mount). Everything else
+about the package is in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class OptionalBuildExt(build_ext):
 
 WARNINGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 flags = fuse3_cflags()
-extensions = [Extension("stfs._tls", ["stfs/_tls.c"], extra_compile_args=WARNINGS)]
+extensions = [
+    Extension("stfs._tls", ["stfs/_tls.c"], extra_compile_args=WARNINGS),
+    Extension("stfs.formats.hdf5._scan", ["stfs/formats/hdf5/_scan.c"], extra_compile_args=WARNINGS),
+]
 if flags is not None:
     extensions.append(Extension("stfs._native", ["stfs/_native.c"], extra_compile_args=[*flags, *WARNINGS]))
 else:

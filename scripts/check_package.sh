@@ -36,12 +36,13 @@ PY
 "$work/fresh/bin/python" -c "import stfs.fs"  # mfusepy (pinned <4) loads libfuse3 and has what stfs overrides
 # The GGUF reader's type table and decoders come from the gguf package, a dependency of the wheel.
 "$work/fresh/bin/python" -c "from stfs.formats import gguf; assert gguf.ggml_type('Q4_K').dequantizable"
-# The wheel carries both C extensions (stfs._native built against the libfuse3 headers, stfs._tls) and a mount
+# The wheel carries the C extensions (stfs._native built against the libfuse3 headers, stfs._tls, _scan) and a mount
 # from it answers in C. Its listing is taken whole first: `grep -q` stops reading at its match, and under pipefail
 # the lister's broken pipe failed the check now and then.
 listing=$(python3 -m zipfile -l "$out"/*.whl)
 grep -q 'stfs/_native\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no stfs/_native" >&2; exit 1; }
 grep -q 'stfs/_tls\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no stfs/_tls" >&2; exit 1; }
+grep -q 'stfs/formats/hdf5/_scan\..*\.so' <<<"$listing" || { echo "check_package: the wheel has no _scan" >&2; exit 1; }
 # The man page stfs(1), written from stfs.cli's parser at build time, goes to PREFIX/share/man/man1.
 grep -q 'stfs-[^/]*\.data/data/share/man/man1/stfs\.1' <<<"$listing" || {
     echo "check_package: the wheel has no share/man/man1/stfs.1" >&2; exit 1; }

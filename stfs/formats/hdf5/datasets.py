@@ -5,6 +5,7 @@ the dataset is, that stfs cannot serve it, and what to do instead."""
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 FLOATS = {(2, 5, 10): "F16", (2, 8, 7): "BF16", (4, 8, 23): "F32", (8, 11, 52): "F64"}
 SIGNED = {1: "I8", 2: "I16", 4: "I32", 8: "I64"}
 UNSIGNED = {1: "U8", 2: "U16", 4: "U32", 8: "U64"}
+_KIND = operator.itemgetter(0)  # a Message's kind
+NAMED = -1  # the memo's kind of a datatype message named as a dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,9 @@ class Hdf5Entry(TensorEntry):
 def tensor_name(path: tuple[str, ...]) -> str:
     """A dataset's tensor name: its path of link names joined by ``.``, a ``.`` or ``%`` in a name escaped (``%2E``,
     ``%25``) so that the name says the path."""
+    name = ".".join(path)
+    if "%" not in name and name.count(".") == len(path) - 1:  # no part to escape (most names)
+        return name
     return ".".join(part.replace("%", "%25").replace(".", "%2E") for part in path)
 
 
@@ -71,8 +77,13 @@ def _one(messages: list[Message], kind: int) -> Message | None:
 
 
 def _datatype(reader: Reader, message: Message, name: str) -> Datatype:
-    if not message.flags & SHARED:
-        return read_datatype(Fields(reader, message.data, "a datatype message"))
+    if not message.flags & SHARED:  # most datasets of a file share a few datatypes: each decoded once
+        found = reader.memo.get((DATATYPE, message.data))
+        if found is None:
+            found = reader.memo[DATATYPE, message.data] = read_datatype(
+                Fields(reader, message.data, "a datatype message")
+            )
+        return found
     fields = Fields(reader, message.data, "a shared datatype")
     version, kind = fields.u8(), fields.u8()
     if version == 1:
@@ -125,17 +136,24 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
     """The tensor of the dataset at ``path``; ``None`` for a dataset of no elements at all (a null dataspace)."""
     name = tensor_name(path)
     shown = "/" + "/".join(path)
-    first: dict[int, Message] = {}
-    for message in messages:
-        first.setdefault(message.kind, message)
+    last_first = messages[::-1]
+    first = dict(zip(map(_KIND, last_first), last_first, strict=True))  # the first message of each kind
     space_message, type_message, layout_message = first.get(DATASPACE), first.get(DATATYPE), first.get(LAYOUT)
     if space_message is None or type_message is None or layout_message is None:
         raise BadStructure(reader.path, "a dataset without a dataspace, datatype and layout message", name)
-    space = read_dataspace(reader, space_message.data)
+    space = reader.memo.get((DATASPACE, space_message.data))
+    if space is None:  # a model's layers share their shapes: each decoded once
+        space = reader.memo[DATASPACE, space_message.data] = read_dataspace(reader, space_message.data)
     if space.null:
         return None
-    datatype = _datatype(reader, type_message, name)
-    dtype = dtype_name(reader, heap, datatype, messages, name)
+    known = None if type_message.flags & SHARED else reader.memo.get((NAMED, type_message.data))
+    if known is None:
+        datatype = _datatype(reader, type_message, name)
+        dtype = dtype_name(reader, heap, datatype, messages, name)
+        if not type_message.flags & SHARED and not (datatype.cls in (OPAQUE, FIXED) and datatype.size == 2):
+            reader.memo[NAMED, type_message.data] = (datatype, dtype)  # (a 2-byte one's depends on its attributes)
+    else:
+        datatype, dtype = known
     itemsize = datatype.size
     shape = space.shape
     nbytes = math.prod(shape) * itemsize
@@ -189,5 +207,5 @@ def dataset_entry(reader: Reader, heap: GlobalHeap, path: tuple[str, ...], messa
             f"its bytes ({nbytes} at address {layout.address}) run past the end of the file ({reader.size} bytes)",
             name,
         )
-    begin = reader.absolute(layout.address)
-    return Hdf5Entry(name, dtype, shape, begin, begin + nbytes, dataset=shown)
+    begin = reader.start + reader.base + layout.address
+    return Hdf5Entry(name, dtype, shape, begin, begin + nbytes, shown)

@@ -12,27 +12,16 @@ from .rules import BadStructure, UnsupportedStorage
 MAX_NAME = 1 << 16  # bytes of a link name in a local heap
 
 
-class LocalHeap:
-    """A local heap: its data segment, from which an old-style group's names are read by offset."""
-
-    def __init__(self, reader: Reader, address: int) -> None:
-        o, n = reader.offset_size, reader.length_size
-        head = reader.at(address, 8 + 2 * n + o, "a local heap")
-        if head[:4] != b"HEAP" or head[4] != 0:
-            raise BadStructure(reader.path, f"no local heap (HEAP, version 0) at address {address}")
-        size = int.from_bytes(head[8 : 8 + n], "little")
-        start = int.from_bytes(head[8 + 2 * n : 8 + 2 * n + o], "little")
-        self.reader = reader
-        self.data = reader.at(start, size, "a local heap's data segment")  # once: a name is found in it by offset
-
-    def name(self, offset: int) -> str:
-        data = self.data
-        end = data.find(b"\0", offset, offset + MAX_NAME)
-        if offset >= len(data) or end < 0:
-            raise BadStructure(
-                self.reader.path, f"no name ends at offset {offset} of a local heap of {len(data)} bytes"
-            )
-        return data[offset:end].decode("utf-8", "surrogateescape")
+def local_heap(reader: Reader, address: int) -> bytes:
+    """The data segment of the local heap at ``address``: an old-style group's link names, each found in it by
+    offset (read once a group)."""
+    o, n = reader.offset_size, reader.length_size
+    head = reader.at(address, 8 + 2 * n + o, "a local heap")
+    if head[:5] != b"HEAP\0":
+        raise BadStructure(reader.path, f"no local heap (HEAP, version 0) at address {address}")
+    size = int.from_bytes(head[8 : 8 + n], "little")
+    start = int.from_bytes(head[8 + 2 * n : 8 + 2 * n + o], "little")
+    return reader.at(start, size, "a local heap's data segment")
 
 
 class GlobalHeap:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 from ..base import RangeFetcher, ReadMany
 from .rules import BadStructure, Hdf5Truncated, TooLarge
@@ -81,10 +82,11 @@ class Reader:
         self.length_size = 8
         self.undefined = (1 << 64) - 1
         self._starts: list[int] = []  # sorted window starts (relative to ``start``)
-        self._windows: dict[int, bytes] = {}
+        self._windows: dict[int, tuple[int, int, bytes]] = {}  # by start: (start, end, bytes)
         self._read = 0
         self._steps = 0
         self._last: tuple[int, int, bytes] = (0, 0, b"")  # the window the last read found: most reads follow it
+        self.memo: dict[tuple[int, bytes], Any] = {}  # messages decoded, by kind and bytes: datasets share them
         cheap = first_read < CHEAP_FIRST_READ
         self.window = LOCAL_WINDOW if cheap else WINDOW
         self._many: ReadMany | None = None if cheap else getattr(fetch, "many", None)
@@ -107,43 +109,70 @@ class Reader:
         if self._steps > MAX_STEPS:
             raise TooLarge(self.path, f"its structures take more than {MAX_STEPS:,} steps to walk")
 
+    @property
+    def steps_left(self) -> int:
+        """Steps the walk may still take before ``step`` refuses the file."""
+        return MAX_STEPS - self._steps
+
     def absolute(self, address: int) -> int:
         """The byte of the file ``fetch`` reads where ``address`` (relative to the superblock) lies."""
         return self.start + self.base + address
 
     def at(self, address: int, size: int, what: str) -> bytes:
         """``size`` bytes at ``address``; ``Hdf5Truncated`` naming ``what`` where they are not all in the file."""
-        return self.raw(self.base + address, size, what)
+        offset = self.base + address
+        first, end, window = self._last
+        if first <= offset and offset + size <= end and size >= 0:  # raw's first case, without its call
+            return window[offset - first : offset - first + size]
+        return self.raw(offset, size, what)
 
     def upto(self, address: int, size: int, what: str, least: int) -> bytes:
         """At least ``least`` bytes at ``address``, and up to ``size`` where the window read for them holds more: a
         structure whose length its first bytes tell, taken in one go where it is short (never a read for more)."""
         offset = self.base + address
         first, end, window = self._last
-        if not first <= offset <= offset + least <= end:
-            self.raw(offset, least, what)  # the window that holds them is now the last one found
-            first, end, window = self._last
-            if not first <= offset <= offset + least <= end:
-                return self.raw(offset, least, what)
-        return window[offset - first : min(offset - first + size, end - first)]
+        if first <= offset and offset + least <= end:  # window_for's first case, without its call
+            return window[offset - first : offset - first + size]
+        first, window = self.window_for(address, least, what)
+        return window[offset - first : offset - first + size]
 
     def raw(self, offset: int, size: int, what: str) -> bytes:
         """``size`` bytes at ``offset`` from the start of the HDF5 file (before its superblock too)."""
+        first, end, window = self._last
+        if first <= offset and offset + size <= end and size >= 0:
+            return window[offset - first : offset - first + size]
         if offset < 0 or size < 0 or offset + size > self.size:
             raise Hdf5Truncated(
                 self.path, f"{what} at byte {offset} ({size} bytes) lies past the end of the file ({self.size} bytes)"
             )
-        first, end, window = self._last
-        if first <= offset and offset + size <= end:
-            return window[offset - first : offset - first + size]
         i = bisect.bisect_right(self._starts, offset) - 1
         if i >= 0:
-            first = self._starts[i]
-            window = self._windows[first]
-            if offset + size <= first + len(window):
-                self._last = (first, first + len(window), window)
+            found = self._windows[self._starts[i]]
+            first, end, window = found
+            if offset + size <= end:
+                self._last = found
                 return window[offset - first : offset - first + size]
         return self._fill(offset, size)[:size]
+
+    def window_for(self, address: int, least: int, what: str) -> tuple[int, bytes]:
+        """The window held (or read now) that has ``least`` bytes at ``address``: where it starts, from the start of
+        the HDF5 file as ``raw`` counts, and its bytes (``upto`` takes its bytes from it, and so do the C loops)."""
+        offset = self.base + address
+        first, end, window = self._last
+        if first <= offset and offset + least <= end:
+            return first, window
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i >= 0:
+            found = self._windows[self._starts[i]]
+            first, end, window = found
+            if offset + least <= end and least >= 0:
+                self._last = found
+                return first, window
+        self.raw(offset, least, what)  # the window that holds them is now the last one found
+        first, end, window = self._last
+        if first <= offset and offset + least <= end:
+            return first, window
+        return offset, self.raw(offset, least, what)
 
     def _fill(self, offset: int, size: int) -> bytes:
         wanted = offset
@@ -161,10 +190,11 @@ class Reader:
         return data[wanted - offset :]
 
     def _keep(self, offset: int, data: bytes) -> None:
-        if offset not in self._windows:
+        held = self._windows.get(offset)
+        if held is None:
             bisect.insort(self._starts, offset)
-        if len(data) >= len(self._windows.get(offset, b"")):
-            self._windows[offset] = data
+        if held is None or len(data) >= len(held[2]):
+            self._windows[offset] = (offset, offset + len(data), data)
 
     def prefetch(self, addresses: Sequence[int], size: int = WINDOW) -> None:
         """Read the windows at ``addresses`` not held yet, all at once where ``fetch`` reads ranges together (a
@@ -192,7 +222,7 @@ class Reader:
 
     def _held(self, offset: int, size: int) -> bool:
         i = bisect.bisect_right(self._starts, offset) - 1
-        return i >= 0 and offset + size <= self._starts[i] + len(self._windows[self._starts[i]])
+        return i >= 0 and offset + size <= self._windows[self._starts[i]][1]
 
     def check(self, data: bytes, what: str, address: int) -> None:
         """Refuse a version 2 structure whose last 4 bytes are not the lookup3 checksum of the bytes before."""

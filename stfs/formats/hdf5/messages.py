@@ -195,6 +195,9 @@ def read_dataspace(reader: Reader, data: bytes) -> Dataspace:
     return Dataspace(shape, null, tuple(sizes[rank:]) if flags & 1 else shape)
 
 
+_new = tuple.__new__
+
+
 class Layout(NamedTuple):
     """A data layout: ``compact`` (its bytes in the message, at ``address``: a file address), ``contiguous`` (at
     ``address``, ``size`` bytes), ``chunked`` (``chunk`` dimensions, an index of ``indexing`` kind at ``address`` with
@@ -215,7 +218,8 @@ def read_layout(reader: Reader, data: bytes, where: int, rank: int) -> Layout:
         o, n = reader.offset_size, reader.length_size
         if len(data) >= 2 + o + n:
             address = int.from_bytes(data[2 : 2 + o], "little")
-            return Layout("contiguous", address, int.from_bytes(data[2 + o : 2 + o + n], "little"))
+            size = int.from_bytes(data[2 + o : 2 + o + n], "little")
+            return _new(Layout, ("contiguous", address, size, (), 0, (), None))  # as Layout(...) makes it, faster
     fields = Fields(reader, data, "a data layout message")
     version = fields.u8()
     if version in (1, 2):

@@ -3,6 +3,9 @@ root group is, and each object's messages (type, flags, bytes, and where those b
 
 from __future__ import annotations
 
+import os
+import struct
+from types import ModuleType
 from typing import NamedTuple
 
 from .io import Fields, Reader
@@ -13,6 +16,20 @@ NIL = 0x00
 CONTINUATION = 0x10
 MAX_CONTINUATIONS = 10_000  # blocks of one object header
 MAX_MESSAGES = 100_000  # messages of one object header
+
+
+def _native() -> ModuleType | None:
+    """The walk's loops in C (``_scan.c``), unless not built (no compiler) or ``STFS_NATIVE=0`` asks for Python's."""
+    if os.environ.get("STFS_NATIVE") == "0":
+        return None
+    try:
+        from . import _scan
+    except ImportError:
+        return None
+    return _scan
+
+
+NATIVE = _native()
 
 
 def find_superblock(reader: Reader) -> int:
@@ -86,6 +103,10 @@ class Message(NamedTuple):
     address: int
 
 
+_new = tuple.__new__  # a Message made without its ``__new__``'s Python frame
+_V1_MESSAGE = struct.Struct("<HHB")  # a version 1 message's type, size and flags
+
+
 def read_object(reader: Reader, address: int) -> list[Message]:
     """The messages of the object header at ``address``, its continuation blocks' included, in order."""
     if address == reader.undefined:
@@ -96,9 +117,19 @@ def read_object(reader: Reader, address: int) -> list[Message]:
     if first[0] != 1:
         raise BadStructure(reader.path, f"the object header at address {address} has version {first[0]} (1 or 2)")
     size = int.from_bytes(first[8:12], "little")
+    if 16 + size <= len(first):  # at hand: most are, and without a continuation, read in one loop here
+        short = (
+            _short(first, 16 + size, address)
+            if NATIVE is None
+            else NATIVE.v1_messages(first, 16 + size, address, Message)
+        )
+        if short is not None:
+            reader.step(1 + short[1])
+            return short[0]
     messages: list[Message] = []
     blocks = [(address + 16, size)]
     seen: set[int] = set()
+    unpack = _V1_MESSAGE.unpack_from
     while blocks:
         start, length = blocks.pop(0)
         reader.step()
@@ -109,7 +140,7 @@ def read_object(reader: Reader, address: int) -> list[Message]:
         pos = 0
         count = 0
         while pos + 8 <= length:
-            kind, msize, flags = data[pos] | data[pos + 1] << 8, data[pos + 2] | data[pos + 3] << 8, data[pos + 4]
+            kind, msize, flags = unpack(data, pos)
             body = pos + 8
             end = body + msize
             if end > length:
@@ -118,10 +149,29 @@ def read_object(reader: Reader, address: int) -> list[Message]:
             if kind == CONTINUATION or len(messages) >= MAX_MESSAGES:
                 _add(reader, messages, kind, flags, data[body:end], start + body, blocks, seen, address)
             elif kind != NIL:  # padding: nothing reads it
-                messages.append(Message(kind, flags, data[body:end], start + body))
+                messages.append(_new(Message, (kind, flags, data[body:end], start + body)))
             pos = end
         reader.step(count)
     return messages
+
+
+def _short(first: bytes, length: int, address: int) -> tuple[list[Message], int] | None:
+    """The messages of a version 1 object header's first block, ``first[16:length]``, and the number of messages read
+    last; ``None`` where it continues elsewhere or a message ends past it (``read_object`` walks it then)."""
+    unpack = _V1_MESSAGE.unpack_from
+    messages: list[Message] = []
+    pos = 16
+    count = 0
+    while pos + 8 <= length:
+        kind, size, flags = unpack(first, pos)
+        end = pos + 8 + size
+        if end > length or kind == CONTINUATION:
+            return None
+        if kind != NIL:  # padding: nothing reads it
+            messages.append(_new(Message, (kind, flags, first[pos + 8 : end], address + pos + 8)))
+        count += 1
+        pos = end
+    return messages, count
 
 
 def _add(
@@ -147,7 +197,7 @@ def _add(
         blocks.append((block, length))
         return
     if kind != NIL:
-        messages.append(Message(kind, flags, body, where))
+        messages.append(_new(Message, (kind, flags, body, where)))
 
 
 def _version2(reader: Reader, address: int) -> list[Message]:
