@@ -21,25 +21,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import random
-import resource
-import select
-import struct
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from fuzz.worker import Worker, serve  # noqa: E402 (after the checkout is on the path)
+
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
-MIB = 1 << 20
 INTERESTING = [0, 1, 2, 3, 4, 7, 8, 15, 16, 255, 256, 2**15, 2**16 - 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1]
 
 
@@ -146,96 +144,50 @@ def check_case(data: bytes, scratch: str, keras: bool) -> tuple[dict[str, Any], 
     return {"status": "accepted", "tensors": len(ours)}, ours
 
 
+def answers(case: bytes, scratch: str) -> Iterator[dict[str, Any]]:
+    """A case (a flag byte, 1 for a Keras file, then the file): stfs's verdict, then, where stfs read it, h5py's
+    comparison (a second answer: its keeper times h5py apart, and libhdf5 hanging or dying is not stfs's finding)."""
+    keras, data = bool(case[0]), case[1:]
+    result, ours = check_case(data, scratch, keras)
+    yield result
+    if ours is None:
+        return
+    theirs = h5py_view(data, scratch, keras)
+    if isinstance(theirs, str):
+        compared = theirs
+    else:
+        differ = sorted(name for name in ours if name in theirs and theirs[name] != ours[name])
+        compared = f"differ: {differ[:3]}" if differ else ("same" if set(ours) <= set(theirs) else "h5py lacks some")
+    yield {"h5py": compared}
+
+
 def worker(memory_mib: int) -> None:
-    """Read cases from stdin (a flag byte, u32 length, bytes); answer stfs's verdict, then h5py's comparison."""
+    """Answer cases from stdin (fuzz/worker.py), capped at ``memory_mib`` over the imports."""
     import h5py  # noqa: F401  (imported before the cap: what the cap adds to is the reader's own use)
     import numpy  # noqa: F401
 
     from stfs.formats import hdf5  # noqa: F401
 
-    with open("/proc/self/status") as stream:
-        size_kib = next(int(line.split()[1]) for line in stream if line.startswith("VmSize:"))
-    cap = size_kib * 1024 + memory_mib * MIB
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     scratch = tempfile.mkdtemp(prefix="stfs-fuzz-hdf5-")
-    source, sink = sys.stdin.buffer, sys.stdout
-    while True:
-        head = source.read(5)
-        if len(head) < 5:
-            return
-        keras, length = head[0], struct.unpack("<I", head[1:])[0]
-        data = source.read(length)
-        try:
-            result, ours = check_case(data, scratch, bool(keras))
-        except MemoryError:
-            result, ours = {"status": "finding", "why": "MemoryError: the reader allocated past the cap"}, None
-        sink.write(json.dumps(result) + "\n")
-        sink.flush()
-        if ours is None:
-            continue
-        theirs = h5py_view(data, scratch, bool(keras))
-        if isinstance(theirs, str):
-            compared = theirs
-        else:
-            differ = sorted(name for name in ours if name in theirs and theirs[name] != ours[name])
-            compared = (
-                f"differ: {differ[:3]}" if differ else ("same" if set(ours) <= set(theirs) else "h5py lacks some")
-            )
-        sink.write(json.dumps({"h5py": compared}) + "\n")
-        sink.flush()
+    serve(lambda case: answers(case, scratch), memory_mib)
 
 
-class Worker:
-    def __init__(self, memory_mib: int) -> None:
-        self.memory_mib = memory_mib
-        self.process = self._start()
+class HdfWorker(Worker):
+    """The keeper of this file's worker: stfs's verdict within ``timeout``, then h5py's within ``h5py_timeout``."""
 
-    def _start(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", "--memory", str(self.memory_mib)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-
-    def _line(self, timeout: float) -> dict[str, Any] | None:
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.process.stdout.readline()
-        return json.loads(line) if line else {}
-
-    def run(self, data: bytes, keras: bool, timeout: float, h5py_timeout: float) -> tuple[dict[str, Any], str]:
-        process = self.process
-        assert process.stdin is not None
-        try:
-            process.stdin.write(bytes([keras]) + struct.pack("<I", len(data)) + data)
-            process.stdin.flush()
-        except BrokenPipeError:
-            return self._restart({"status": "finding", "why": "worker died before the case"}), ""
-        result = self._line(timeout)
-        if result is None:
-            return self._restart({"status": "finding", "why": f"hang: no answer in {timeout} s"}), ""
-        if not result:
-            code = process.wait()
-            return self._restart({"status": "finding", "why": f"worker died (exit {code}): a crash or the cap"}), ""
+    def compare(self, data: bytes, keras: bool, timeout: float, h5py_timeout: float) -> tuple[dict[str, Any], str]:
+        if not self.send(bytes([keras]) + data):
+            return self.restart("worker died before the case"), ""
+        result = self.answer(timeout)
+        if isinstance(result, str):
+            return self.restart(result), ""
         if result["status"] != "accepted":
             return result, ""
-        compared = self._line(h5py_timeout)
-        if not compared:  # libhdf5 hung or crashed on the file stfs read: h5py's, not a finding
-            self._restart({})
+        compared = self.answer(h5py_timeout)
+        if isinstance(compared, str):  # libhdf5 hung or crashed on the file stfs read: h5py's, not a finding
+            self.restart(compared)
             return result, "h5py crashed or hung"
         return result, str(compared["h5py"])
-
-    def _restart(self, result: dict[str, Any]) -> dict[str, Any]:
-        self.stop()
-        self.process = self._start()
-        return result
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
 
 
 def main() -> int:
@@ -266,7 +218,7 @@ def main() -> int:
             (os.path.basename(path), Path(path).read_bytes()) for path in write_seeds(seeds_dir, not args.no_keras)
         ]
     rng = random.Random(args.seed)
-    runner = Worker(args.memory)
+    runner = HdfWorker(__file__, args.memory)
     tally: collections.Counter[str] = collections.Counter()
     refusals: collections.Counter[str] = collections.Counter()
     reference: collections.Counter[str] = collections.Counter()
@@ -284,7 +236,7 @@ def main() -> int:
                     break
                 name, seed = seeds[done] if done < len(seeds) else rng.choice(seeds)
                 data, how = (seed, "seed") if done < len(seeds) else mutate(rng, seed)
-            result, compared = runner.run(data, name.endswith(".keras"), args.timeout, args.h5py_timeout)
+            result, compared = runner.compare(data, name.endswith(".keras"), args.timeout, args.h5py_timeout)
             done += 1
             tally[result["status"]] += 1
             if result["status"] == "refused":

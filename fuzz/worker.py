@@ -12,10 +12,11 @@ import select
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MIB = 1 << 20
+Answers = dict[str, Any] | Iterator[dict[str, Any]]
 
 
 def cap_memory(memory_mib: int) -> None:
@@ -26,9 +27,11 @@ def cap_memory(memory_mib: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def serve(check: Callable[[bytes], dict[str, Any]], memory_mib: int, key: str = "status") -> None:
-    """The worker's loop: each case from stdin through ``check``, its result a JSON line on stdout; a
-    ``MemoryError`` is a finding (``key`` names the field a fuzzer keeps its verdict in)."""
+def serve(check: Callable[[bytes], Answers], memory_mib: int, key: str = "status") -> None:
+    """The worker's loop: each case from stdin through ``check``, its answer (or each of its answers, where it
+    yields several: a verdict, then a reference's comparison) a JSON line on stdout. A ``MemoryError`` before the
+    first answer is a finding (``key`` names the field a fuzzer keeps its verdict in); after it, the worker dies,
+    as its keeper expects no finding in place of a later answer."""
     cap_memory(memory_mib)
     source, sink = sys.stdin.buffer, sys.stdout
     while True:
@@ -37,12 +40,18 @@ def serve(check: Callable[[bytes], dict[str, Any]], memory_mib: int, key: str = 
             return
         (length,) = struct.unpack("<I", head)
         data = source.read(length)
+        answered = False
         try:
-            result = check(data)
+            found = check(data)
+            for answer in [found] if isinstance(found, dict) else found:
+                sink.write(json.dumps(answer) + "\n")
+                sink.flush()
+                answered = True
         except MemoryError:
-            result = {key: "finding", "why": "MemoryError: the reader allocated past the cap"}
-        sink.write(json.dumps(result) + "\n")
-        sink.flush()
+            if answered:
+                raise
+            sink.write(json.dumps({key: "finding", "why": "MemoryError: the reader allocated past the cap"}) + "\n")
+            sink.flush()
 
 
 class Worker:
