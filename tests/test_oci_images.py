@@ -392,6 +392,10 @@ def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypat
     with pytest.raises(errors.SourceError) as refused:
         open_source(str(layout))
     assert "--cache-dir" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(errors.SourceError) as refused:  # nor in a --cache-dir-size smaller than it
+        open_source(str(layout), cache_dir=str(tmp_path / "cache"), cache_dir_size=2 * MIB)
+    assert "--cache-dir-size (2 MiB)" in str(refused.value) and "\n" not in str(refused.value)
+    assert set(kept_files(tmp_path / "cache")) == {".stfs-usage"}  # nothing left of what was written
     source, root = open_source(str(layout), cache_dir=str(tmp_path / "cache"))
     try:
         assert source.read(f"{root}/models/b.bin", MIB, 100) == payload[MIB : MIB + 100]
