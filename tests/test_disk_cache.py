@@ -67,6 +67,52 @@ def test_a_piece_being_read_is_never_deleted(tmp_path: Path) -> None:
     assert cache.usage() <= 250 * KIB + 100 * KIB  # the piece kept despite the bound, no more
 
 
+HOLDER = """
+import sys
+from stfs.sources.disk_cache import DiskCache
+file = DiskCache(sys.argv[1], int(sys.argv[2])).open_file(sys.argv[3])
+print(len(file.read()), flush=True)
+sys.stdin.read()  # held open (a mount's zstd output) until told
+"""
+
+
+def test_files_kept_by_name_share_the_bound_and_one_open_in_another_process_stays(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    cache = DiskCache(str(folder), max_bytes=350 * KIB)
+    cache.write_file("gzip-index/a.index", piece(1))
+    cache.put("k", "v1", 0, 100 * KIB, piece(2))
+    cache.write_file("zstd-whole/b.tar", piece(3))
+    for age, path in enumerate([folder / "zstd-whole" / "b.tar", folder / "gzip-index" / "a.index"]):
+        os.utime(path, (1000 + age, 1000 + age))  # b used before a, both before the piece
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder), str(350 * KIB), "zstd-whole/b.tar"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == str(100 * KIB)
+        os.utime(folder / "zstd-whole" / "b.tar", (1000, 1000))  # still the least recently used, but open
+        cache.write_file("zstd-index/c.index", piece(4))  # 400 KiB: b is open, so a goes
+        assert (folder / "zstd-whole" / "b.tar").read_bytes() == piece(3)
+        assert not (folder / "gzip-index").exists()  # a's file and its emptied folder
+        assert cache.usage() == folder_bytes(folder) == 300 * KIB
+    finally:
+        holder.communicate("", timeout=30)
+    cache.put("k", "v1", 100 * KIB, 200 * KIB, piece(5))  # b closed: now it goes
+    assert not (folder / "zstd-whole" / "b.tar").exists()
+    file = cache.open_file("zstd-index/c.index")
+    assert file is not None and file.read() == piece(4)
+    file.close()
+    cache.drop_file("zstd-index/c.index")  # found spoiled: deleted, uncounted
+    assert cache.open_file("zstd-index/c.index") is None
+    assert cache.usage() == folder_bytes(folder) == 200 * KIB
+    cache.write_file("zstd-whole/big.tar", bytes(400 * KIB))  # larger than the bound: not kept
+    assert cache.open_file("zstd-whole/big.tar") is None and cache.usage() == folder_bytes(folder) == 200 * KIB
+
+
 def test_a_folder_kept_before_the_bound_existed_is_counted_and_trimmed(tmp_path: Path) -> None:
     folder = tmp_path / "c"
     unbounded = DiskCache(str(folder), max_bytes=1 << 40)

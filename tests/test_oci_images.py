@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from stfs.sources import open_source
+from stfs.sources.base import ByteSource
 from tests.helpers import MountFn, run, stfs_command
 from tests.images import image, layer_tar, modelcar, skopeo_copy, tools_found
 from tests.models import rich_arrays, write_numpy
@@ -191,7 +192,7 @@ def test_a_gzip_layer_is_read_at_random_after_one_pass(
             assert stream.read(count) == payload[offset : offset + count], (offset, count)
     assert fetched() <= 1.1 * gz["size"] + MIB  # reads come from the blocks the pass brought, not again
     kept = sorted(path.suffix for path in (cache / "gzip-index").iterdir())
-    assert kept == [".json", ".zran"]
+    assert kept == [".index"]  # the member list and the zran index, in one file counted in --cache-dir-size
     index_size = sum(path.stat().st_size for path in (cache / "gzip-index").iterdir())
     assert index_size <= 0.015 * gz["size"]
     # a second mount with the same --cache-dir: none of the pass again
@@ -222,8 +223,8 @@ def test_a_spoiled_index_in_the_cache_dir_is_said_and_made_again(tmp_path: Path)
         return result.stderr
 
     assert "gzip index" not in mounted()
-    [index] = (cache / "gzip-index").glob("*.zran")
-    index.write_bytes(b"GZIDX" + bytes(100))
+    [index] = (cache / "gzip-index").glob("*.index")
+    index.write_bytes(index.read_bytes()[:-50] + bytes(50))  # its zran index spoiled
     said = mounted()
     lines = [line for line in said.splitlines() if "gzip index" in line]
     assert len(lines) == 1, said
@@ -366,15 +367,18 @@ def test_zstd_layers_by_frame_or_whole(mount: MountFn, tmp_path: Path, compress:
             assert stream.read(count) == payload[offset : offset + count]
     assert Path(mnt, "files", "models", "model.safetensors").read_bytes() == model
     whole = list((tmp_path / "cache" / "zstd-whole").glob("*.tar"))
-    assert len(whole) == (1 if compress == "zstd" else 0)  # one frame: its output kept whole; frames: nothing
-    if whole:  # a later open reads the kept output: no pass again
-        made = whole[0].stat().st_mtime_ns
+    assert len(whole) == (1 if compress == "zstd" else 0)  # one frame: its output kept whole; frames: their index
+    assert len(list((tmp_path / "cache" / "zstd-index").glob("*.index"))) == (0 if compress == "zstd" else 1)
+    if whole:  # a later open reads the kept output: no pass again (the file not made again, only its use noted)
+        made = whole[0].stat()
         source, root = open_source(str(layout), cache_dir=str(tmp_path / "cache"))
         try:
             assert source.read(f"{root}/models/blob.bin", 1000, 5000) == payload[1000:6000]
         finally:
             source.close()
-        assert whole[0].stat().st_mtime_ns == made and not list(whole[0].parent.glob("*.partial"))
+        used = whole[0].stat()
+        assert used.st_ino == made.st_ino and used.st_mtime_ns > made.st_mtime_ns  # the same file, used
+        assert not list(whole[0].parent.glob("*.tmp"))
 
 
 def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypatch, tmp_path: Path) -> None:
@@ -388,6 +392,10 @@ def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypat
     with pytest.raises(errors.SourceError) as refused:
         open_source(str(layout))
     assert "--cache-dir" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(errors.SourceError) as refused:  # nor in a --cache-dir-size smaller than it
+        open_source(str(layout), cache_dir=str(tmp_path / "cache"), cache_dir_size=2 * MIB)
+    assert "--cache-dir-size (2 MiB)" in str(refused.value) and "\n" not in str(refused.value)
+    assert set(kept_files(tmp_path / "cache")) == {".stfs-usage"}  # nothing left of what was written
     source, root = open_source(str(layout), cache_dir=str(tmp_path / "cache"))
     try:
         assert source.read(f"{root}/models/b.bin", MIB, 100) == payload[MIB : MIB + 100]
@@ -407,3 +415,133 @@ def test_a_modelpack_tar_gzip_artifact_is_read_at_random(registry, mount: MountF
     assert_same_tensors(mnt, mount(str(tmp_path / "repo")))
     for name, data in files.items():
         assert Path(mnt, "files", name).read_bytes() == data
+
+
+# -- what compressed layers keep in --cache-dir, within --cache-dir-size -----------------------------------------------
+
+
+def kept_files(cache: Path) -> dict[str, int]:
+    """Every file stfs keeps in ``cache`` (its usage count aside), by path below it: its size."""
+    return {str(p.relative_to(cache)): p.stat().st_size for p in cache.rglob("*") if p.is_file()} | {".stfs-usage": 0}
+
+
+def counted(cache: Path) -> int:
+    """The bytes the daemons sharing ``cache`` count in it."""
+    return int((cache / ".stfs-usage").read_text())
+
+
+def test_gzip_indexes_are_kept_within_the_cache_dir_size_oldest_deleted_first(tmp_path: Path) -> None:
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    rng = np.random.default_rng(11)
+    payloads = {name: rng.integers(0, 256, 10 * MIB, dtype=np.uint8).tobytes() for name in ("a", "b")}
+    layers = {
+        name: image([layer_tar([("models/model.safetensors", model), ("models/blob.bin", data)])])
+        for name, data in payloads.items()
+    }
+    layout = write_oci_layout(tmp_path / "layout", layers)
+    cache, mnt = tmp_path / "cache", tmp_path / "mnt"
+    mnt.mkdir()
+
+    def mounted(name: str, bound: int) -> str:
+        result = stfs_command(
+            "mount", f"{layout}:{name}", str(mnt), "--cache-dir", str(cache), "--cache-dir-size", str(bound)
+        )
+        try:
+            assert result.returncode == 0, result.stderr
+            assert Path(mnt, "files", "models", "blob.bin").read_bytes() == payloads[name]
+        finally:
+            stfs_command("unmount", str(mnt))
+        return result.stderr
+
+    def index_of(name: str) -> str:
+        return f"gzip-index/{layers[name].manifest['layers'][0]['digest'].replace(':', '-')}.index"
+
+    mounted("a", 1 << 30)
+    size = kept_files(cache)[index_of("a")]
+    assert kept_files(cache) == {index_of("a"): size, ".stfs-usage": 0} and counted(cache) == size
+    bound = size * 3 // 2  # room for one index, not two (b's is as large: as many restart points)
+    mounted("b", bound)
+    kept = kept_files(cache)
+    assert set(kept) == {index_of("b"), ".stfs-usage"}, kept  # a's, the least recently used, deleted for b's
+    assert sum(kept.values()) == counted(cache) <= bound and kept[index_of("b")] > bound - size
+    said = mounted("a", bound)  # a's made again by its pass, its bytes right, nothing said of it
+    assert "index" not in said and "warning" not in said.lower(), said
+    assert set(kept_files(cache)) == {index_of("a"), ".stfs-usage"}
+    assert sum(kept_files(cache).values()) == counted(cache) <= bound
+
+
+def test_zstd_outputs_are_kept_within_the_cache_dir_size_and_never_deleted_while_open(
+    monkeypatch, tmp_path: Path
+) -> None:
+    from stfs.sources import zstd_layer
+
+    monkeypatch.setattr(zstd_layer, "FRAME_MAX", 1 << 20)  # 3 MiB in one frame: read whole, kept in zstd-whole/
+    rng = np.random.default_rng(12)
+    payloads = {name: rng.integers(0, 256, 3 * MIB, dtype=np.uint8).tobytes() for name in ("x", "y", "z")}
+    layers = {name: image([layer_tar([("models/b.bin", data)])], "zstd") for name, data in payloads.items()}
+    layout = write_oci_layout(tmp_path / "layout", layers)
+    cache = tmp_path / "cache"
+    bound = 7 * MIB  # two outputs of 3 MiB and a bit fit, three do not
+
+    def output(name: str) -> str:
+        return f"zstd-whole/{layers[name].manifest['layers'][0]['digest'].replace(':', '-')}.tar"
+
+    def opened(name: str) -> tuple[ByteSource, str]:
+        source, root = open_source(f"{layout}:{name}", cache_dir=str(cache), cache_dir_size=bound)
+        assert source.read(f"{root}/models/b.bin", 1000, MIB) == payloads[name][1000 : 1000 + MIB]
+        return source, root
+
+    for name in ("x", "y", "x"):  # x, y kept; x used again (no pass: its output read), so y is the older
+        opened(name)[0].close()
+    assert set(kept_files(cache)) == {output("x"), output("y"), ".stfs-usage"}
+    x, x_root = opened("x")
+    try:
+        z, _ = opened("z")  # room for z: y deleted, not x (used more recently, and open)
+        try:
+            assert set(kept_files(cache)) == {output("x"), output("z"), ".stfs-usage"}
+            assert sum(kept_files(cache).values()) == counted(cache) <= bound
+            opened("y")[0].close()  # made again; room for it would take x or z, both open: neither is deleted
+            assert set(kept_files(cache)) == {output("x"), output("y"), output("z"), ".stfs-usage"}
+            assert x.read(f"{x_root}/models/b.bin", 2 * MIB, 100) == payloads["x"][2 * MIB : 2 * MIB + 100]
+        finally:
+            z.close()
+    finally:
+        x.close()
+    assert not [path for path in kept_files(cache) if path.endswith(".tmp")]
+
+
+def test_a_zstd_frame_index_is_kept_and_a_later_mount_makes_no_pass(
+    blob_redirector, registry, mount: MountFn, tmp_path: Path
+) -> None:
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    payload = np.random.default_rng(13).integers(0, 256, 64 * MIB, dtype=np.uint8).tobytes()
+    artifact = image([layer_tar([("models/model.safetensors", model), ("models/blob.bin", payload)])], "zstd-frames")
+    [layer] = artifact.manifest["layers"]
+    repo = registry.repo("zstd-frames")
+    push(registry, repo, "v1", artifact)
+    cache = tmp_path / "cache"
+    source = f"oci://{blob_redirector.host}/{repo}:v1"
+
+    def fetched() -> int:
+        return sum(len(r.body) for r in blob_redirector.cdn_requests() if layer["digest"][7:] in r.path)
+
+    first = mount(source, options=[f"cache_dir={cache}"])
+    assert fetched() >= layer["size"]  # the pass: the blob once
+    assert Path(first, "files", "models", "blob.bin").read_bytes()[-MIB:] == payload[-MIB:]
+    [index] = (cache / "zstd-index").glob("*.index")
+    assert not (cache / "zstd-whole").exists() or not list((cache / "zstd-whole").iterdir())
+    for folder in cache.iterdir():  # the blob's blocks gone, as --cache-dir-size deletes them: only the index left
+        if folder.is_dir() and folder.name != "zstd-index":
+            shutil.rmtree(folder)
+    (cache / ".stfs-usage").unlink()  # counted again from what is there
+    before = fetched()
+    again = mount(source, options=[f"cache_dir={cache}"])
+    offset = 12 * MIB + 12345
+    with open(Path(again, "files", "models", "blob.bin"), "rb") as stream:
+        stream.seek(offset)
+        assert stream.read(MIB) == payload[offset : offset + MIB]
+    assert Path(again, "files", "models", "model.safetensors").read_bytes() == model
+    # the blocks of the frames read and the readahead after them (two blocks of 8 MiB): no pass, the blob once
+    assert fetched() - before <= layer["size"] // 2

@@ -109,7 +109,7 @@ def open_source(
     from .oci import open_local_store
 
     try:
-        store = open_local_store(path, source, ref, cache_dir)
+        store = open_local_store(path, source, ref, cache_dir, cache_dir_size)
     except BaseException:
         source.close()
         raise

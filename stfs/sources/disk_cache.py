@@ -14,6 +14,12 @@ one that a daemon is reading: a reader holds a shared ``flock`` of the piece whi
 deleted only under an exclusive one, taken without waiting. Each daemon writes one piece at a time, so DIR
 holds at most the bound plus one piece being written per daemon. A full disk (ENOSPC) stops the writing, with
 one log line; reads go on from memory and from the pieces already kept.
+
+What a compressed layer keeps by its blob's digest (a gzip seek index, a zstd frame index, a zstd layer's output
+kept whole) is a *file* ``DIR/<folder>/<name>``, asked of this class by name (``open_file``, ``write_file``,
+``begin_file``/``keep_file``): counted in the same usage and deleted least recently used first with the pieces.
+A daemon holds a shared ``flock`` of such a file for as long as it has it open (a zstd output: the mount's life),
+so none is deleted under a daemon using it; one deleted is made again by the next mount that needs it.
 """
 
 from __future__ import annotations
@@ -28,8 +34,11 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from typing import BinaryIO
 
 from cachetools import LRUCache
+
+from .. import errors
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,17 @@ MTIME_GRANULARITY_NS = 20_000_000
 LISTINGS = 4096  # objects whose listing of pieces a daemon keeps in memory
 
 Range = tuple[int, int]
+
+
+def open_disk_cache(folder: str | None, max_bytes: int | None) -> DiskCache | None:
+    """The cache ``--cache-dir`` names (``None`` without one), bounded by ``--cache-dir-size``; a ``SourceError``
+    where it cannot be kept there."""
+    if not folder:
+        return None
+    try:
+        return DiskCache(folder, max_bytes or DEFAULT_MAX_BYTES)
+    except OSError as exc:
+        raise errors.SourceError(f"{folder}: cannot keep a cache there: {exc.strerror or exc}") from None
 
 
 class DiskCache:
@@ -124,7 +144,7 @@ class DiskCache:
         with self._writing:
             if self.full:  # found full by a put that held the lock meanwhile: one log line, not one per put
                 return
-            temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            temporary = _temporary(path)
             try:
                 if _covers(self._listing(os.path.dirname(path)), lo, hi):
                     return
@@ -182,10 +202,8 @@ class DiskCache:
                 fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 os.unlink(temporary)
                 return fd, ""
-        path = self._path(key, version, lo, hi)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        return os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), temporary
+        temporary = _temporary(self._path(key, version, lo, hi))
+        return _created(temporary), temporary
 
     def keep_piece(self, key: str, version: str, lo: int, hi: int, temporary: str) -> None:
         """Keep the ``temporary`` piece from ``begin_piece``, written, as ``[lo, hi)`` (room made for it, counted);
@@ -202,15 +220,82 @@ class DiskCache:
 
     @staticmethod
     def _write(temporary: str, data: bytes | memoryview) -> None:
-        for attempt in (1, 2):
-            os.makedirs(os.path.dirname(temporary), exist_ok=True)
+        with open(_created(temporary), "wb") as stream:
+            stream.write(data)
+
+    # -- files kept by name: a layer's index or output
+
+    def open_file(self, name: str) -> BinaryIO | None:
+        """The file kept as ``name`` (``FOLDER/FILE``), open to read and made the most recently used, a shared lock
+        held on it until it is closed (no daemon deletes it meanwhile); ``None`` if DIR holds none."""
+        try:
+            file = open(os.path.join(self.folder, name), "rb")  # noqa: SIM115
+        except OSError:
+            return None
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_SH)
+            if os.fstat(file.fileno()).st_nlink == 0:  # deleted between the open and the lock
+                raise FileNotFoundError(name)
+            with contextlib.suppress(OSError):
+                os.utime(file.fileno())
+        except OSError:
+            file.close()
+            return None
+        return file
+
+    def begin_file(self, name: str) -> tuple[BinaryIO, str]:
+        """A new temporary file to write as ``name``, open to write and read, a shared lock held on it while open;
+        and its path, to give ``keep_file`` once written."""
+        temporary = _temporary(os.path.join(self.folder, name))
+        file = open(_created(temporary), "w+b")  # noqa: SIM115
+        fcntl.flock(file.fileno(), fcntl.LOCK_SH)
+        return file, temporary
+
+    def keep_file(self, name: str, file: BinaryIO, temporary: str) -> bool:
+        """Keep the written ``temporary`` of ``begin_file`` as ``name`` (room made for it, counted), ``file`` open
+        and locked as that from now on; whether it is kept (not past the bound; failures logged, never raised)."""
+        with self._writing:
             try:
-                with open(temporary, "wb") as stream:
-                    stream.write(data)
+                file.flush()
+                size = os.fstat(file.fileno()).st_size
+                if self.full or size > self.max_bytes:
+                    return False
+                self._place(temporary, os.path.join(self.folder, name), size)
+                return True
+            except OSError as exc:
+                self._failed(name, exc)
+                return False
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """Keep ``data`` as the file ``name`` (room made for it, counted); failures logged, never raised."""
+        try:
+            file, temporary = self.begin_file(name)
+        except OSError as exc:
+            self._failed(name, exc)
+            return
+        with file:
+            try:
+                file.write(data)
+            except OSError as exc:
+                self._failed(name, exc)
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
                 return
-            except FileNotFoundError:  # another daemon evicted the object's last piece, and its folder, just now
-                if attempt == 2:
-                    raise
+            self.keep_file(name, file, temporary)
+
+    def drop_file(self, name: str) -> None:
+        """Delete the file kept as ``name`` (found spoiled), uncounted, unless a daemon has it open."""
+        path = os.path.join(self.folder, name)
+        with self._writing, self._usage() as usage:
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                return
+            if _delete(path):
+                usage.write(max(usage.read() - size, 0))
 
     def usage(self) -> int:
         """The bytes of pieces DIR holds, as the daemons sharing it count them."""
@@ -239,21 +324,8 @@ class DiskCache:
         for _, size, path in pieces:
             if total <= target:
                 break
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
+            if _delete(path):
                 total -= size
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                os.unlink(path)
-            except OSError:  # BlockingIOError: being read right now, not this one
-                continue
-            finally:
-                os.close(fd)
-            total -= size
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.dirname(path))  # the object's last piece: its folder goes too
         return max(total, 0)
 
     def _pieces(self) -> Iterator[tuple[float, int, str]]:
@@ -336,6 +408,43 @@ def gaps(lo: int, hi: int, filled: list[Range], bridge: int = 0) -> list[Range]:
 
 def _covers(pieces: list[Range], lo: int, hi: int) -> bool:
     return not gaps(lo, hi, [(start, end) for _, _, start, end in covering(pieces, lo, hi)])
+
+
+def _delete(path: str) -> bool:
+    """Delete the piece or file at ``path`` unless a daemon holds a lock of it (reads it); whether it is gone. Its
+    folder goes too when it was the last one there."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(path)
+    except OSError:  # BlockingIOError: being read right now, not this one
+        return False
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(path))
+    return True
+
+
+def _temporary(path: str) -> str:
+    """The name a piece or file is written under before it is renamed to ``path`` (``.tmp``: never counted)."""
+    return f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+
+
+def _created(temporary: str) -> int:
+    """A descriptor of the new (emptied) file ``temporary``, open to write and read, its folder made."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    os.makedirs(os.path.dirname(temporary), exist_ok=True)
+    try:
+        return os.open(temporary, flags, 0o600)
+    except FileNotFoundError:  # another daemon evicted the folder's last piece, and the folder, just now: again
+        os.makedirs(os.path.dirname(temporary), exist_ok=True)
+        return os.open(temporary, flags, 0o600)
 
 
 def _read_piece(path: str, size: int, offset: int, into: memoryview) -> bool:

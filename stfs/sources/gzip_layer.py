@@ -4,16 +4,15 @@ The pass reads the blob once from the start (by Range, through the source below:
 and lists the tar's members while ``indexed_gzip`` (zlib's ``zran``: a restart point every ``SPACING`` bytes of
 output, each the deflate position and the 32 KiB window before it) records where decompression can start again.
 A read then decompresses from the restart point before it, ``CHUNK`` bytes at a time, the last few chunks kept.
-With ``--cache-dir`` the index and the member list are kept there by the blob's digest (content addressed: never
-stale), so a later mount reads none of the pass again; a kept index that does not match its blob is said in one
-line and made again. Why ``indexed_gzip`` rather than rapidgzip or a C helper: docs/choices.md.
+With ``--cache-dir`` the index and the member list are kept there by the blob's digest (``layer_index``: content
+addressed, never stale; within ``--cache-dir-size``), so a later mount reads none of the pass again; a kept index
+that does not match its blob is said in one line and made again. Why ``indexed_gzip`` rather than rapidgzip or a C
+helper: docs/choices.md.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import logging
 import os
 import threading
@@ -22,6 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from . import layer_index
+from .disk_cache import DiskCache
 from .tar_index import MAX_MEMBERS, Entry, TarIndexError, _RangeFile, entries
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,6 @@ READ_BUFFER = 1 << 20  # compressed bytes asked of the source at once
 MAX_RATIO = 256  # a layer inflating past this many times its size (plus SLACK) is a bomb: refused
 SLACK = 64 << 20
 INDEX_FOLDER = "gzip-index"
-FORMAT = 1
 _BOMB = f"{MAX_RATIO} times the size of its gzip layer (a gzip bomb?)"
 
 
@@ -47,14 +47,15 @@ class GzipLayer:
         key: str,
         size: int,
         digest: str,
-        cache_folder: str | None,
+        disk: DiskCache | None,
         progress: Callable[[int], None] | None = None,
     ) -> None:
         self.key = key
         self.size = size
         self.digest = digest
         self._read = read
-        self._cache_folder = os.path.join(cache_folder, INDEX_FOLDER) if cache_folder else None
+        self._disk = disk
+        self._name = layer_index.kept_name(INDEX_FOLDER, digest, ".index")
         self._progress = progress
         self._lock = threading.Lock()
         self._file: object | None = None
@@ -152,62 +153,39 @@ class GzipLayer:
 
     # -- the index kept in --cache-dir
 
-    def _paths(self) -> tuple[str, str] | None:
-        if self._cache_folder is None:
-            return None
-        name = self.digest.replace(":", "-")
-        return os.path.join(self._cache_folder, name + ".zran"), os.path.join(self._cache_folder, name + ".json")
-
     def _load(self) -> list[Entry] | None:
-        paths = self._paths()
-        if paths is None or not os.path.exists(paths[1]):
+        if self._disk is None:
             return None
         import indexed_gzip
 
-        index_path, list_path = paths
         try:
-            with open(list_path, "rb") as stream:
-                kept = json.load(stream)
-            with open(index_path, "rb") as stream:
-                index = stream.read()
-            if (
-                kept.get("format") != FORMAT
-                or kept.get("size") != self.size
-                or kept.get("index_sha256") != hashlib.sha256(index).hexdigest()
-            ):
-                raise ValueError("it is not the one made for it")
-            found = [Entry(str(p), str(k), int(o), int(n), float(t), str(g)) for p, k, o, n, t, g in kept["entries"]]
+            kept = layer_index.load(self._disk, self._name, self.size)
+            if kept is None:
+                return None
+            found, _, index = kept
             source = io.BufferedReader(_RangeFile(lambda lo, n: self._read(self.key, lo, n), self.size))
             file = indexed_gzip._IndexedGzipFile(fileobj=source, spacing=SPACING, readbuf_size=READ_BUFFER)
             file.import_index(fileobj=io.BytesIO(index))
         except Exception as exc:
+            self._disk.drop_file(self._name)
             self.warnings.append(
-                f"{index_path}: the gzip index kept for blob {self.digest} does not match it ({_said(exc)}): made again"
+                f"{os.path.join(self._disk.folder, self._name)}: the gzip index kept for blob {self.digest} does not "
+                f"match it ({_said(exc)}): made again"
             )
             return None
         self._file = file
         return found
 
     def _save(self, file: object, found: list[Entry]) -> None:
-        paths = self._paths()
-        if paths is None:
+        if self._disk is None:
             return
-        index_path, list_path = paths
+        buffer = io.BytesIO()
         try:
-            os.makedirs(os.path.dirname(index_path), exist_ok=True)
-            buffer = io.BytesIO()
             file.export_index(fileobj=buffer)  # type: ignore[attr-defined]
-            index = buffer.getvalue()
-            kept = {
-                "format": FORMAT,
-                "size": self.size,
-                "index_sha256": hashlib.sha256(index).hexdigest(),
-                "entries": [[e.path, e.kind, e.offset, e.size, e.mtime, e.target] for e in found],
-            }
-            _write_atomic(index_path, index)
-            _write_atomic(list_path, json.dumps(kept, separators=(",", ":")).encode())
         except OSError as exc:
-            log.warning("%s: cannot keep the gzip index of %s: %s", index_path, self.digest, exc.strerror or exc)
+            log.warning("cannot keep the gzip index of %s: %s", self.digest, exc.strerror or exc)
+            return
+        layer_index.save(self._disk, self._name, self.size, found, {}, buffer.getvalue())
 
 
 class _Counted(io.RawIOBase):
@@ -288,13 +266,6 @@ class _Members:
         if self._decoder is not None:
             raise TarIndexError("the gzip stream is cut short (its last member has no end)")
         return self.total
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "wb") as stream:
-        stream.write(data)
-    os.replace(partial, path)
 
 
 def _said(exc: BaseException) -> str:

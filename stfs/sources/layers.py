@@ -10,6 +10,7 @@ from collections.abc import Callable
 from .. import errors
 from ..progress import ByteProgress, shown
 from .base import ByteSource, join_key
+from .disk_cache import DiskCache
 from .gzip_layer import GzipLayer
 from .image import ImageError, image_files
 from .mapped import Piece
@@ -28,14 +29,14 @@ DECODERS: dict[str, type[GzipLayer] | type[ZstdLayer]] = {"gzip": GzipLayer, "zs
 class Unpacker:
     """Reads the layers of the artifacts of one source (``blob_key(digest)`` a blob's key there): a tar's headers
     with ``read`` (one request each), a gzip layer's bytes through ``read_into`` (its block cache and readahead);
-    gzip indexes kept below ``cache_folder`` when there is one. ``decoded`` holds the gzip layers read (by the key
-    their members' pieces name), ``warnings`` what was left out."""
+    what their passes find kept in ``disk`` (``--cache-dir``) when there is one. ``decoded`` holds the compressed
+    layers read (by the key their members' pieces name), ``warnings`` what was left out."""
 
-    def __init__(self, source: ByteSource, blob_key: Callable[[str], str], cache_folder: str | None) -> None:
+    def __init__(self, source: ByteSource, blob_key: Callable[[str], str], disk: DiskCache | None) -> None:
         self.source = source
         self.read = source.read
         self.blob_key = blob_key
-        self.cache_folder = cache_folder
+        self.disk = disk
         self.decoded: dict[str, GzipLayer | ZstdLayer] = {}
         self.model_folders: dict[str, str] = {}  # an image's root -> its /models: where its model is looked for
         self.warnings: list[str] = []
@@ -58,7 +59,7 @@ class Unpacker:
     def _decompressed(self, layer: Layer, key: str) -> list[Entry]:
         bar = ByteProgress(layer.size, f"indexing {layer.compression} layer {layer.digest[7:19]}", shown())
         decoder = DECODERS[layer.compression]
-        stream = decoder(self._read_cached, key, layer.size, layer.digest, self.cache_folder, bar.update)
+        stream = decoder(self._read_cached, key, layer.size, layer.digest, self.disk, bar.update)
         try:
             found = stream.scan()
         except BaseException:

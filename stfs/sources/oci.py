@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, ByteSource, Kind, join_key
+from .disk_cache import DiskCache, open_disk_cache
 from .layers import Unpacker
 from .mapped import Group, MappedFiles, Piece
 from .oci_artifact import (
@@ -95,7 +96,7 @@ def open_registry(
     cache_size: int = DEFAULT_CACHE_SIZE,
     timeout: float = DEFAULT_TIMEOUT,
     ranges_required: bool = False,
-    disk: Any = None,
+    disk: DiskCache | None = None,
 ) -> tuple[MappedFiles, str]:
     """The artifact ``oci://…`` names, pinned to its manifest's digest, as a folder of files; and its key."""
     reference = parse_reference(text, plain_http)
@@ -115,7 +116,7 @@ def open_registry(
         prefault=ranges_required,
     )
     root = reference.pinned(artifact.digest)
-    unpacker = Unpacker(remote, transport.blob_key, disk.folder if disk is not None else None)
+    unpacker = Unpacker(remote, transport.blob_key, disk)
     try:
         files = unpacker.files(artifact, root, shown)
     except BaseException:
@@ -170,37 +171,43 @@ def _mtime_ns(created: str | None) -> int:
 
 
 def open_local_store(
-    path: str, local: ByteSource, ref: str | None = None, cache_folder: str | None = None
+    path: str,
+    local: ByteSource,
+    ref: str | None = None,
+    cache_dir: str | None = None,
+    cache_dir_size: int | None = None,
 ) -> tuple[MappedFiles, str] | None:
     """An OCI image layout folder (``ref``: only its manifest of that ``org.opencontainers.image.ref.name``), an
     Ollama models folder (or its ``manifests/``), or one of its manifest files, as the folder of files its artifacts
-    make (blobs read in place from ``local``; gzip indexes kept below ``cache_folder``); ``None`` for any other
-    path. In a store of several models, one that cannot be read is left out with a warning."""
+    make (blobs read in place from ``local``; what compressed layers' passes find kept in ``cache_dir``, within
+    ``cache_dir_size``); ``None`` for any other path. In a store of several models, one that cannot be read is left
+    out with a warning."""
     path = os.path.abspath(path)
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "oci-layout")):
-        return _oci_layout(path, local, ref, cache_folder)
+        return _oci_layout(path, local, ref, open_disk_cache(cache_dir, cache_dir_size))
     if ref is not None:
         raise errors.SourceError(f"{path}:{ref}: {path} is not an OCI image layout folder (no oci-layout file)")
     ollama = _ollama_root(path)
     if ollama is None:
         return None
+    disk = open_disk_cache(cache_dir, cache_dir_size)
     if os.path.isfile(path):
-        return _ollama(ollama, local, [path], True, cache_folder)
+        return _ollama(ollama, local, [path], True, disk)
     manifests = _walk_files(os.path.join(ollama, "manifests"))
     if not manifests:
         raise errors.SourceError(f"{path}: an Ollama models folder with no manifest in manifests/")
-    return _ollama(ollama, local, manifests, False, cache_folder)
+    return _ollama(ollama, local, manifests, False, disk)
 
 
 class _Store:
     """The models of a local store gathered one by one; one that cannot be read is left out with a warning when
     the store has others."""
 
-    def __init__(self, local: ByteSource, blob: Callable[[str], str], cache_folder: str | None, many: bool) -> None:
+    def __init__(self, local: ByteSource, blob: Callable[[str], str], disk: DiskCache | None, many: bool) -> None:
         self.local = local
         self.blob = blob
         self.many = many
-        self.unpacker = Unpacker(local, blob, cache_folder)
+        self.unpacker = Unpacker(local, blob, disk)
         self.groups: list[Group] = []
         self.files: dict[str, Piece] = {}
         self.left_out: list[str] = []
@@ -248,7 +255,7 @@ class _Store:
         )
 
 
-def _oci_layout(folder: str, local: ByteSource, ref: str | None, cache_folder: str | None) -> tuple[MappedFiles, str]:
+def _oci_layout(folder: str, local: ByteSource, ref: str | None, disk: DiskCache | None) -> tuple[MappedFiles, str]:
     index_path = os.path.join(folder, "index.json")
     document = parse_json(_read_file(index_path), index_path)
     entries = [entry for entry in document.get("manifests") or [] if isinstance(entry, dict)]
@@ -266,7 +273,7 @@ def _oci_layout(folder: str, local: ByteSource, ref: str | None, cache_folder: s
     def blob(digest: str) -> str:
         return os.path.join(folder, "blobs", "sha256", digest.partition(":")[2])
 
-    store = _Store(local, blob, cache_folder, many=len(entries) > 1)
+    store = _Store(local, blob, disk, many=len(entries) > 1)
     named: dict[str, str] = {}
     for entry in entries:
         digest = check_digest(entry.get("digest"), index_path)
@@ -307,7 +314,7 @@ def _ollama_root(path: str) -> str | None:
 
 
 def _ollama(
-    folder: str, local: ByteSource, manifests: list[str], single: bool, cache_folder: str | None
+    folder: str, local: ByteSource, manifests: list[str], single: bool, disk: DiskCache | None
 ) -> tuple[MappedFiles, str]:
     """The models of ``manifests`` (files below ``folder``'s ``manifests/``), each in a folder ``NAMESPACE/MODEL:TAG``
     below ``folder``; ``single``: the one manifest SOURCE named, its model at its own path."""
@@ -315,7 +322,7 @@ def _ollama(
     def blob(digest: str) -> str:
         return os.path.join(folder, "blobs", "sha256-" + digest.partition(":")[2])
 
-    store = _Store(local, blob, cache_folder, many=not single)
+    store = _Store(local, blob, disk, many=not single)
     for manifest in manifests:
         parts = os.path.relpath(manifest, os.path.join(folder, "manifests")).split(os.sep)
         if len(parts) != 4:

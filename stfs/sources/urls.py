@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import errors
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, ByteSource, Kind, shown_url, url_problem
-from .disk_cache import DEFAULT_MAX_BYTES, DiskCache
+from .disk_cache import open_disk_cache
 from .failures import describe, first_line
 from .http_client import HttpClient, ResolvingClient, SignedClient, https_context
 from .remote import RemoteFiles
@@ -319,10 +319,7 @@ def open_remote(
     """The source a SOURCE URL names, and its key there (the URL without credentials, Hub revision or registry
     manifest pinned); ``ranges_required``: refuse a server that ignores Range (a mount) rather than stream from the
     start (info); ``plain_http``: a registry not on a loopback host asked over HTTP."""
-    try:
-        disk = DiskCache(cache_dir, cache_dir_size or DEFAULT_MAX_BYTES) if cache_dir else None
-    except OSError as exc:
-        raise errors.SourceError(f"{cache_dir}: cannot keep a cache there: {exc.strerror or exc}") from None
+    disk = open_disk_cache(cache_dir, cache_dir_size)
     if text.startswith("oci://"):
         from .oci import open_registry
 

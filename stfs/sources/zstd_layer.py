@@ -3,15 +3,18 @@
 One pass streams the blob from its start (through the source below: block cache, readahead) and decompresses it
 frame by frame, noting where each frame starts in the blob and in the output, while the tar's members are listed.
 A layer of frames no larger than ``FRAME_MAX`` of output (zstd:chunked, the seekable format) is then read by
-frame: a read decompresses the frames it covers, the last few kept. A layer with a larger frame (what ``zstd`` and
-most tools write: one frame) cannot be entered in the middle, so its output is kept whole as the pass makes it: in
-``--cache-dir`` (by the blob's digest, kept for later mounts) or in memory up to ``MEMORY_MAX``; past that it is
-refused in one line naming ``--cache-dir``.
+frame: a read decompresses the frames it covers, the last few kept; with ``--cache-dir`` the frames and the members
+are kept there by the blob's digest (``layer_index``), so a later mount makes no pass. A layer with a larger frame
+(what ``zstd`` and most tools write: one frame) cannot be entered in the middle, so its output is kept whole as the
+pass makes it: in ``--cache-dir`` (by the blob's digest, kept for later mounts, held open while mounted) up to
+``--cache-dir-size``, or in memory up to ``MEMORY_MAX``; past that it is refused in one line naming the option.
+Both are ``DiskCache`` files: counted in ``--cache-dir-size``, the least recently used deleted first.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import io
 import os
 import threading
@@ -19,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import BinaryIO
 
+from . import layer_index
+from .disk_cache import DiskCache
 from .gzip_layer import MAX_RATIO, SLACK
 from .tar_index import MAX_MEMBERS, Entry, TarIndexError, entries
 
@@ -27,6 +32,8 @@ MEMORY_MAX = 256 << 20  # output kept in memory at most (a layer read whole with
 FRAMES_KEPT = 4
 READ = 1 << 20
 FOLDER = "zstd-whole"
+INDEX_FOLDER = "zstd-index"
+Frame = tuple[int, int, int, int]  # (output start, output end, blob start, blob end)
 
 
 class ZstdLayer:
@@ -39,17 +46,19 @@ class ZstdLayer:
         key: str,
         size: int,
         digest: str,
-        cache_folder: str | None,
+        disk: DiskCache | None,
         progress: Callable[[int], None] | None = None,
     ) -> None:
         self.key = key
         self.size = size
         self.digest = digest
         self._read = read
-        self._folder = os.path.join(cache_folder, FOLDER) if cache_folder else None
+        self._disk = disk
+        self._whole_name = layer_index.kept_name(FOLDER, digest, ".tar")
+        self._index_name = layer_index.kept_name(INDEX_FOLDER, digest, ".index")
         self._progress = progress
         self._lock = threading.Lock()
-        self._frames: list[tuple[int, int, int, int]] = []  # (output start, output end, blob start, blob end)
+        self._frames: list[Frame] = []
         self._starts: list[int] = []
         self._kept: OrderedDict[int, bytes] = OrderedDict()
         self._whole: BinaryIO | None = None
@@ -58,63 +67,87 @@ class ZstdLayer:
     def scan(self) -> list[Entry]:
         import zstandard
 
-        kept = self._kept_path()
-        if kept is not None and os.path.exists(kept):
-            reused = self._reuse(kept)
-            if reused is not None:
-                return reused
-        partial = f"{kept}.{os.getpid()}.partial" if kept else None
-        spool: BinaryIO = open(partial, "w+b") if partial else io.BytesIO()  # noqa: SIM115
-        stream = _Pass(self, zstandard, spool)
+        if self._disk is not None:
+            kept = self._reuse_frames()
+            if kept is None:
+                kept = self._reuse_whole()
+            if kept is not None:
+                return kept
+        spool, temporary = self._disk.begin_file(self._whole_name) if self._disk else (io.BytesIO(), "")
+        limit = self._disk.max_bytes if self._disk else MEMORY_MAX
+        stream = _Pass(self, zstandard, spool, limit)
         try:
             found = list(
                 entries(io.BufferedReader(stream), self.size * MAX_RATIO + SLACK, MAX_MEMBERS, "the layer's bound")
             )
             stream.finish()
         except Exception as exc:  # the tar's, zstd's and the source's
-            spool.close()
-            if partial:
-                os.unlink(partial)
+            _discard(spool, temporary)
             if isinstance(exc, TarIndexError):
                 raise
             raise TarIndexError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-        self._frames = stream.frames
-        self._starts = [frame[0] for frame in self._frames]
+        self._set_frames(stream.frames)
         if max((end - start for start, end, _, _ in self._frames), default=0) <= FRAME_MAX:
-            spool.close()
-            if partial:
-                os.unlink(partial)
+            _discard(spool, temporary)
+            if self._disk is not None:
+                layer_index.save(self._disk, self._index_name, self.size, found, {"frames": self._frames})
             return found
         if stream.spool_full:
-            spool.close()
-            if partial:
-                os.unlink(partial)
+            _discard(spool, temporary)
+            room = "--cache-dir-size" if self._disk else "memory"
+            advice = (
+                "mount with a larger --cache-dir-size" if self._disk else "mount with --cache-dir DIR to keep it there"
+            )
             raise TarIndexError(
                 f"it is one zstd frame of more than {FRAME_MAX >> 20} MiB, which cannot be read at random, and its "
-                f"{stream.out >> 20} MiB do not fit in memory ({MEMORY_MAX >> 20} MiB): mount with --cache-dir DIR "
-                "to keep it there"
+                f"{stream.out >> 20} MiB do not fit in {room} ({limit >> 20} MiB): {advice}"
             )
-        if kept and partial:
-            spool.close()
-            os.replace(partial, kept)  # whole, under the blob's digest: the next mount reads it (_reuse)
-            spool = open(kept, "rb")  # noqa: SIM115
+        if self._disk is not None:  # kept under the blob's digest for the next mount; read here while open
+            self._disk.keep_file(self._whole_name, spool, temporary)
         self._whole = spool
         return found
 
-    def _reuse(self, kept: str) -> list[Entry] | None:
-        """The members of the output a mount before kept whole in ``--cache-dir`` (read there from now on); ``None``
-        (said in one line) where it is not a whole tar."""
+    def _set_frames(self, frames: list[Frame]) -> None:
+        self._frames = frames
+        self._starts = [frame[0] for frame in frames]
+
+    def _reuse_frames(self) -> list[Entry] | None:
+        """The members of a layer of frames whose index a mount before kept in ``--cache-dir`` (its frames read from
+        now on); ``None`` where none is kept, or (said in one line) where the one kept does not fit the blob."""
+        assert self._disk is not None
         try:
-            file = open(kept, "rb")  # noqa: SIM115
-        except OSError:
+            kept = layer_index.load(self._disk, self._index_name, self.size)
+            if kept is None:
+                return None
+            found, head, _ = kept
+            frames = [(int(a), int(b), int(c), int(d)) for a, b, c, d in head["frames"]]
+            _check_frames(frames, self.size)
+        except (ValueError, TypeError, KeyError) as exc:
+            self._disk.drop_file(self._index_name)
+            self.warnings.append(
+                f"{os.path.join(self._disk.folder, self._index_name)}: the zstd frame index kept for blob "
+                f"{self.digest} does not match it ({exc}): made again"
+            )
+            return None
+        self._set_frames(frames)
+        return found
+
+    def _reuse_whole(self) -> list[Entry] | None:
+        """The members of the output a mount before kept whole in ``--cache-dir`` (read there from now on, held open);
+        ``None`` where none is kept, or (said in one line) where it is not a whole tar."""
+        assert self._disk is not None
+        file = self._disk.open_file(self._whole_name)
+        if file is None:
             return None
         try:
             size = os.fstat(file.fileno()).st_size
             found = list(entries(io.BufferedReader(io.FileIO(file.fileno(), closefd=False)), size, MAX_MEMBERS))
         except (OSError, TarIndexError) as exc:
             file.close()
+            self._disk.drop_file(self._whole_name)
             self.warnings.append(
-                f"{kept}: the output kept for blob {self.digest} is not a whole tar ({exc}): made again"
+                f"{os.path.join(self._disk.folder, self._whole_name)}: the output kept for blob {self.digest} is not "
+                f"a whole tar ({exc}): made again"
             )
             return None
         self._whole = file
@@ -166,18 +199,32 @@ class ZstdLayer:
             self._whole.close()
             self._whole = None
 
-    def _kept_path(self) -> str | None:
-        if self._folder is None:
-            return None
-        os.makedirs(self._folder, exist_ok=True)
-        return os.path.join(self._folder, self.digest.replace(":", "-") + ".tar")
+
+def _check_frames(frames: list[Frame], size: int) -> None:
+    """A ``ValueError`` unless ``frames`` follow one another from the start of the output and of the blob of ``size``
+    bytes to its end, each no larger than ``FRAME_MAX`` of output."""
+    out = blob = 0
+    for start, end, lo, hi in frames:
+        if start != out or lo != blob or not start <= end <= start + FRAME_MAX or lo >= hi:
+            raise ValueError(f"its frame at byte {lo} does not follow the one before")
+        out, blob = end, hi
+    if blob != size:
+        raise ValueError(f"its frames end at byte {blob} of the blob's {size}")
+
+
+def _discard(spool: BinaryIO, temporary: str) -> None:
+    """Close the output spooled, deleting it from ``--cache-dir`` where it was written there."""
+    spool.close()
+    if temporary:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
 
 
 class _Pass(io.RawIOBase):
     """The decompressed stream, read front to back (forward seeks decompress and skip): frames noted, output
     spooled while it may be needed whole."""
 
-    def __init__(self, layer: ZstdLayer, zstandard: object, spool: BinaryIO) -> None:
+    def __init__(self, layer: ZstdLayer, zstandard: object, spool: BinaryIO, limit: int) -> None:
         self._layer = layer
         self._zstd = zstandard
         self._spool = spool
@@ -191,7 +238,7 @@ class _Pass(io.RawIOBase):
         self.out = 0  # output made
         self.frames: list[tuple[int, int, int, int]] = []
         self.spool_full = False
-        self._keep_whole = not isinstance(spool, io.BytesIO)
+        self._limit = limit  # output spooled at most: past it, the layer cannot be read whole
 
     def readable(self) -> bool:
         return True
@@ -261,7 +308,7 @@ class _Pass(io.RawIOBase):
         self._buffer = self._buffer[self._at :] + out if self._buffer else out
         self._at = 0
         if not self.spool_full:
-            if not self._keep_whole and self.out + len(out) > MEMORY_MAX:
+            if self.out + len(out) > self._limit:
                 self.spool_full = True
                 self._spool.close()
             else:
