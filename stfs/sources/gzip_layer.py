@@ -15,14 +15,12 @@ from __future__ import annotations
 import io
 import logging
 import os
-import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from . import layer_index
-from .disk_cache import DiskCache
+from .compressed_layer import CompressedLayer
 from .tar_index import MAX_MEMBERS, Entry, TarIndexError, _RangeFile, entries
 
 log = logging.getLogger(__name__)
@@ -37,31 +35,16 @@ INDEX_FOLDER = "gzip-index"
 _BOMB = f"{MAX_RATIO} times the size of its gzip layer (a gzip bomb?)"
 
 
-class GzipLayer:
+class GzipLayer(CompressedLayer):
     """The decompressed stream of the gzip blob ``key`` (``size`` bytes, ``digest``) that ``read(key, offset,
     count)`` reads; ``scan()`` makes or loads its index and gives the tar's members, ``read_at`` its bytes."""
 
-    def __init__(
-        self,
-        read: Callable[[str, int, int], bytes],
-        key: str,
-        size: int,
-        digest: str,
-        disk: DiskCache | None,
-        progress: Callable[[int], None] | None = None,
-    ) -> None:
-        self.key = key
-        self.size = size
-        self.digest = digest
-        self._read = read
-        self._disk = disk
-        self._name = layer_index.kept_name(INDEX_FOLDER, digest, ".index")
-        self._progress = progress
-        self._lock = threading.Lock()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._name = layer_index.kept_name(INDEX_FOLDER, self.digest, ".index")
         self._file: object | None = None
         self._chunks: OrderedDict[int, bytes] = OrderedDict()
-        self.bound = size * MAX_RATIO + SLACK
-        self.warnings: list[str] = []
+        self.bound = self.size * MAX_RATIO + SLACK
 
     # -- the pass
 

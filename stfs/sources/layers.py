@@ -10,6 +10,7 @@ from collections.abc import Callable
 from .. import errors
 from ..progress import ByteProgress, shown
 from .base import ByteSource, join_key
+from .compressed_layer import CompressedLayer
 from .disk_cache import DiskCache
 from .gzip_layer import GzipLayer
 from .image import ImageError, image_files
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 WARNINGS = 20  # lines said for the members an image leaves out; the rest counted in one
 
 # A compressed layer's members are pieces of KEY#COMPRESSION: the decompressed stream of the blob KEY.
-DECODERS: dict[str, type[GzipLayer] | type[ZstdLayer]] = {"gzip": GzipLayer, "zstd": ZstdLayer}
+DECODERS: dict[str, type[CompressedLayer]] = {"gzip": GzipLayer, "zstd": ZstdLayer}
 
 
 class Unpacker:
@@ -37,7 +38,7 @@ class Unpacker:
         self.read = source.read
         self.blob_key = blob_key
         self.disk = disk
-        self.decoded: dict[str, GzipLayer | ZstdLayer] = {}
+        self.decoded: dict[str, CompressedLayer] = {}
         self.model_folders: dict[str, str] = {}  # an image's root -> its /models: where its model is looked for
         self.warnings: list[str] = []
 

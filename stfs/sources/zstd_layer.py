@@ -17,13 +17,11 @@ import bisect
 import contextlib
 import io
 import os
-import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from . import layer_index
-from .disk_cache import DiskCache
+from .compressed_layer import CompressedLayer
 from .gzip_layer import MAX_RATIO, SLACK
 from .tar_index import MAX_MEMBERS, Entry, TarIndexError, entries
 
@@ -36,33 +34,18 @@ INDEX_FOLDER = "zstd-index"
 Frame = tuple[int, int, int, int]  # (output start, output end, blob start, blob end)
 
 
-class ZstdLayer:
+class ZstdLayer(CompressedLayer):
     """The decompressed stream of the zstd blob ``key`` (``size`` bytes) that ``read(key, offset, count)`` reads;
     ``scan()`` makes the pass and gives the tar's members, ``read_at`` its bytes."""
 
-    def __init__(
-        self,
-        read: Callable[[str, int, int], bytes],
-        key: str,
-        size: int,
-        digest: str,
-        disk: DiskCache | None,
-        progress: Callable[[int], None] | None = None,
-    ) -> None:
-        self.key = key
-        self.size = size
-        self.digest = digest
-        self._read = read
-        self._disk = disk
-        self._whole_name = layer_index.kept_name(FOLDER, digest, ".tar")
-        self._index_name = layer_index.kept_name(INDEX_FOLDER, digest, ".index")
-        self._progress = progress
-        self._lock = threading.Lock()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._whole_name = layer_index.kept_name(FOLDER, self.digest, ".tar")
+        self._index_name = layer_index.kept_name(INDEX_FOLDER, self.digest, ".index")
         self._frames: list[Frame] = []
         self._starts: list[int] = []
         self._kept: OrderedDict[int, bytes] = OrderedDict()
         self._whole: BinaryIO | None = None
-        self.warnings: list[str] = []
 
     def scan(self) -> list[Entry]:
         import zstandard
