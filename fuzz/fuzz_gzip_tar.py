@@ -35,6 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from fuzz.worker import MIB, Worker, serve  # noqa: E402 (after the checkout is on the path)
+from tests.images import layer_tar  # noqa: E402  (the tests' own layers: the same tar writer)
 
 READ_CAP = 4 * MIB  # bytes of members the reference reads at most (a bomb the bound catches is not compared)
 
@@ -43,24 +44,6 @@ READ_CAP = 4 * MIB  # bytes of members the reference reads at most (a bomb the b
 
 
 def seed_tars(rng: random.Random) -> list[bytes]:
-    def tar(members: list[tuple[str, Any]], fmt: int) -> bytes:
-        out = io.BytesIO()
-        with tarfile.open(fileobj=out, mode="w", format=fmt) as archive:
-            for name, what in members:
-                info = tarfile.TarInfo(name)
-                info.mtime = 1735689600
-                if what is None:
-                    info.type = tarfile.DIRTYPE
-                    archive.addfile(info)
-                elif isinstance(what, tuple):
-                    info.type = tarfile.LNKTYPE if what[0] == "link" else tarfile.SYMTYPE
-                    info.linkname = what[1]
-                    archive.addfile(info)
-                else:
-                    info.size = len(what)
-                    archive.addfile(info, io.BytesIO(what))
-        return out.getvalue()
-
     weights = bytes(rng.getrandbits(8) for _ in range(100_000))
     members = [
         ("models", None),
@@ -73,10 +56,10 @@ def seed_tars(rng: random.Random) -> list[bytes]:
         ("models/.wh.gone", b""),
     ]
     return [
-        tar(members, tarfile.PAX_FORMAT),
-        tar(members[:4], tarfile.USTAR_FORMAT),
-        tar(members, tarfile.GNU_FORMAT),
-        tar([("a", b"x" * 5000), ("b", bytes(70_000))], tarfile.USTAR_FORMAT),
+        layer_tar(members, tarfile.PAX_FORMAT),
+        layer_tar(members[:4], tarfile.USTAR_FORMAT),
+        layer_tar(members, tarfile.GNU_FORMAT),
+        layer_tar([("a", b"x" * 5000), ("b", bytes(70_000))], tarfile.USTAR_FORMAT),
     ]
 
 

@@ -41,6 +41,16 @@ def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
     return subprocess.run(command, **kwargs)  # type: ignore[call-overload]
 
 
+def short_fuzz_run(script: str, out: Path, seconds: int, seed: int, *args: str) -> str:
+    """``fuzz/SCRIPT`` for ``seconds`` from ``seed`` (findings kept in ``out``), which must end with none: its
+    report."""
+    command = [sys.executable, str(REPO / "fuzz" / script), "--seconds", str(seconds), "--seed", str(seed), *args]
+    result = run([*command, "--out", str(out)], cwd=REPO, timeout=100 + seconds)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "findings: 0" in result.stdout, result.stdout
+    return result.stdout
+
+
 def refusal(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     """``stfs mount SOURCE`` on a mountpoint under ``tmp_path``, expected to refuse: its result, once nothing is
     mounted there (nothing half-mounted)."""

@@ -24,11 +24,12 @@ DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 DOCKER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 
 
-def layer_tar(members: list[tuple[str, Any]]) -> bytes:
-    """A layer as a tar: ``(name, bytes)`` a file, ``(name, None)`` a folder, ``(name, ("link", target))`` a hard
-    link, ``(name, ("symlink", target))`` a symbolic link; whiteouts are files named ``.wh.NAME`` (empty)."""
+def layer_tar(members: list[tuple[str, Any]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    """A layer as a tar (of tarfile's format ``fmt``): ``(name, bytes)`` a file, ``(name, None)`` a folder, ``(name,
+    ("link", target))`` a hard link, ``(name, ("symlink", target))`` a symbolic link; whiteouts are files named
+    ``.wh.NAME`` (empty)."""
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as archive:
         for name, what in members:
             info = tarfile.TarInfo(name)
             info.mtime = FIXED_EPOCH

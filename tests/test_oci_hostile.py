@@ -6,8 +6,6 @@ from __future__ import annotations
 import gzip
 import io
 import resource
-import subprocess
-import sys
 import tarfile
 import zlib
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 from stfs import errors
 from stfs.sources import open_source
 from stfs.sources.tar_index import MAX_MEMBERS
+from tests.helpers import short_fuzz_run
 from tests.images import LAYER_GZIP, image, layer_tar
 from tests.models import rich_arrays, write_numpy
 from tests.registry import Artifact, sha256_digest, write_oci_layout
@@ -143,24 +142,7 @@ def test_a_broken_deflate_stream_is_one_line(tmp_path: Path, damage: str) -> Non
 
 
 def test_the_fuzzer_finds_nothing_in_a_short_run(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "fuzz" / "fuzz_gzip_tar.py"),
-            "--seconds",
-            "8",
-            "--seed",
-            "3",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "findings: 0" in result.stdout and "cases: " in result.stdout, result.stdout
+    assert "cases: " in short_fuzz_run("fuzz_gzip_tar.py", tmp_path, 8, 3)
 
 
 def test_links_resolve_inside_the_image_and_loops_end() -> None:
