@@ -22,7 +22,11 @@ cold round charges the daemon for the host (``--cold`` measures that way). ``--l
 mounted from disk: what FUSE's page cache alone costs the daemon. ``--checkout NAME=PATH`` (repeated) runs each
 checkout's stfs in every round, their order flipped round by round, against the same curl runs. The cases
 ``fetch-http`` and ``fetch-https`` time the fetch side alone: the model as stfs's 8 MiB GETs, eight threads at a
-time, through its HTTP client into reused buffers, in a process of its own (no FUSE, no page cache).
+time, through its HTTP client into reused buffers, in a process of its own (no FUSE, no page cache). ``splice-http``
+makes the same GETs (``http.client`` reads the headers) but moves each body out of its socket by ``splice`` into a
+1 MiB pipe, 1008 KiB at a time (a FUSE reply's bytes), emptied into /dev/null: what a daemon that answered reads
+from the socket, with no buffer of its own between, would pay to receive; and the fewest bytes the pipe held when it
+refused more from the socket (a pipe buffer per fragment of the socket's data, 256 of them in 1 MiB).
 
 Around each read, nginx's CPU-seconds (its master and workers) and the cores busy on the whole machine (/proc/stat:
 other users' work included) are taken too: the read path's CPU per GB (curl + nginx; the daemon + dd + nginx) says
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import mmap
 import os
@@ -217,10 +222,13 @@ FETCH_BLOCK = 8 * MIB  # stfs's block: the GETs of its readahead
 FETCH_THREADS = 8  # as many as its window holds
 
 
-def fetch_child(url: str, size: int, tree: str) -> None:
+def fetch_child(url: str, size: int, tree: str, spliced: bool = False) -> None:
     """In a process of its own (``--fetch-child URL --fetch-tree TREE``): ``size`` bytes of ``url`` as
     ``FETCH_BLOCK`` ranged GETs by ``FETCH_THREADS`` threads through the HTTP client of the checkout ``tree``'s stfs
-    into 16 reused slots; prints this process's CPU-seconds per GB and GB/s."""
+    into 16 reused slots (``spliced``: ``splice_bodies`` instead); prints this process's CPU-seconds per GB and
+    GB/s."""
+    if spliced:
+        return splice_bodies(url, size)
     import resource
     from concurrent.futures import ThreadPoolExecutor
 
@@ -250,10 +258,67 @@ def fetch_child(url: str, size: int, tree: str) -> None:
     print(json.dumps({"cpu": used / (size / 1e9), "gbs": size / seconds / 1e9}))
 
 
-def fetch_side(tree: str, url: str, size: int) -> dict[str, float]:
+REPLY = 1008 * 1024  # the bytes of a FUSE read the daemon answers (max_read: a 1 MiB pipe and libfuse's header)
+SPLICE_F_NONBLOCK = 2
+
+
+def splice_bodies(url: str, size: int) -> None:
+    """``fetch_child``'s GETs, each body moved from its socket into a 1 MiB pipe by ``splice`` (no copy: the pipe
+    holds the socket's pages), ``REPLY`` bytes at a time, then out to /dev/null; prints CPU-seconds per GB, GB/s
+    and ``pipe_held``: the fewest bytes a pipe held when it refused more while the socket had some."""
+    import http.client
+    import resource
+    import select
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    host, _, path = url.partition("://")[2].partition("/")
+    local = threading.local()
+    held_when_full = [REPLY]
+    null = os.open(os.devnull, os.O_WRONLY)
+
+    def one(block: int) -> None:
+        if not hasattr(local, "connection"):
+            local.connection = http.client.HTTPConnection(host, timeout=None)
+            local.pipe = os.pipe2(os.O_NONBLOCK)
+            fcntl.fcntl(local.pipe[1], fcntl.F_SETPIPE_SZ, MIB)
+        reader, writer = local.pipe
+        lo = block * FETCH_BLOCK
+        length = min(FETCH_BLOCK, size - lo)
+        local.connection.request("GET", "/" + path, headers={"Range": f"bytes={lo}-{lo + length - 1}"})
+        response = local.connection.getresponse()
+        assert response.status == 206, response.status
+        left = length - len(response.read(min(length, len(response.fp.peek()))))  # read with the headers
+        sock = local.connection.sock
+        while left:
+            want, moved = min(REPLY, left), 0
+            while moved < want:
+                select.select([sock], [], [])
+                try:
+                    moved += os.splice(sock.fileno(), writer, want - moved, flags=SPLICE_F_NONBLOCK)
+                except BlockingIOError:  # the socket has bytes (select said so): the pipe is full
+                    held_when_full[0] = min(held_when_full[0], moved)
+                    break
+            out = 0
+            while out < moved:
+                out += os.splice(reader, null, moved - out)
+            left -= moved
+        response.length = 0  # http.client ends the response, the connection kept
+        response.read()
+
+    one(0)
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        list(pool.map(one, range(-(-size // FETCH_BLOCK))))
+    after, seconds = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - started
+    used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    print(json.dumps({"cpu": used / (size / 1e9), "gbs": size / seconds / 1e9, "pipe_held": held_when_full[0]}))
+
+
+def fetch_side(tree: str, url: str, size: int, spliced: bool = False) -> dict[str, float]:
     """``fetch_child`` with the checkout ``tree``'s stfs: the fetch side of a read alone, no FUSE."""
     command = [sys.executable, os.path.abspath(__file__), "--fetch-child", url, "--fetch-tree", tree]
-    command += ["--size-mib", str(size // MIB)]
+    command += ["--size-mib", str(size // MIB)] + (["--fetch-spliced"] if spliced else [])
     result = subprocess.run(command, capture_output=True, text=True, env=environment(), check=True, cwd=tree)
     figures: dict[str, float] = json.loads(result.stdout.splitlines()[-1])
     return figures
@@ -303,11 +368,13 @@ def one_round(
                 figures[f"{name}_cpu_vs_curl"] = stfs["daemon_cpu"] / figures["curl_cpu"]
                 figures[f"{name}_rate_vs_curl"] = stfs["gbs"] / figures["curl_gbs"]
                 figures[f"{name}_path_vs_curl"] = stfs["path_cpu"] / figures["curl_path_cpu"]
-        elif case in ("fetch-http", "fetch-https"):
-            base = nginx.url if case == "fetch-http" else nginx.https_url
+        elif case in ("fetch-http", "fetch-https", "splice-http"):
+            base = nginx.https_url if case == "fetch-https" else nginx.url
             for name, path in checkouts:
-                fetched = fetch_side(path, f"{base}/{model}", size)
+                fetched = fetch_side(path, f"{base}/{model}", size, spliced=case == "splice-http")
                 figures[f"{name}_fetch_cpu"], figures[f"{name}_fetch_gbs"] = fetched["cpu"], fetched["gbs"]
+                if "pipe_held" in fetched:
+                    figures[f"{name}_pipe_held_kib"] = fetched["pipe_held"] / 1024
         else:
             url = f"{nginx.url}/capped/{model}"
             tensor = CAPPED_TENSOR if CAPPED_TENSOR in spans else sorted(spans)[-1]
@@ -361,10 +428,16 @@ def table(medians: dict[str, dict[str, float]], rounds: list[dict[str, Any]], na
     for case, m in medians.items():
         for name in names:
             label = case if len(names) == 1 else f"{case} ({name})"
-            if case.startswith("fetch"):
+            if case.startswith(("fetch", "splice")):
+                held = m.get(f"{name}_pipe_held_kib")
                 lines.append(
                     f"| {label}: {FETCH_THREADS} threads' {FETCH_BLOCK // MIB} MiB GETs, no FUSE | | | "
-                    f"{m[f'{name}_fetch_gbs']:.2f} | {m[f'{name}_fetch_cpu']:.3f} (this process) | | |"
+                    f"{m[f'{name}_fetch_gbs']:.2f} | {m[f'{name}_fetch_cpu']:.3f} (this process) | | "
+                    + (
+                        f"a full 1 MiB pipe held {held:.0f} KiB of the socket's (a reply: {REPLY >> 10}) |"
+                        if held
+                        else "|"
+                    )
                 )
                 continue
             if case == "capped":
@@ -404,9 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="/tmp/stfs-bench-cpu", help="where the model, nginx and mounts live")
     parser.add_argument("--size-mib", type=int, default=1024, help="the model's size (default 1024)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cases", default="http,https,capped", help="of http, https, capped, fetch-http, fetch-https")
+    parser.add_argument(
+        "--cases", default="http,https,capped", help="of http, https, capped, fetch-http, fetch-https, splice-http"
+    )
     parser.add_argument("--fetch-child", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--fetch-tree", help=argparse.SUPPRESS)
+    parser.add_argument("--fetch-spliced", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--perf", help="perf record the daemon during the first HTTP read into this file")
     parser.add_argument("--cold", action="store_true", help="no memory touched before the reads (touch_memory)")
     parser.add_argument(
@@ -416,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write every round's figures here")
     args = parser.parse_args(argv)
     if args.fetch_child:
-        fetch_child(args.fetch_child, args.size_mib * MIB, args.fetch_tree)
+        fetch_child(args.fetch_child, args.size_mib * MIB, args.fetch_tree, args.fetch_spliced)
         return 0
     args.cases = [case for case in args.cases.split(",") if case]
     args.checkouts = [tuple(item.split("=", 1)) for item in args.checkout] or [("stfs", REPO)]
