@@ -501,6 +501,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(exc.message)
             problems += 1
             continue
+        hash_as_read = getattr(source, "hash_as_read", None)  # an OCI artifact's blobs: fetched once, not twice
+        if args.values and hash_as_read is not None:
+            hash_as_read()
         for model_source in model_sources:
             checked += 1
             try:

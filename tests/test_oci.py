@@ -428,6 +428,30 @@ def test_check_values_names_a_blob_whose_bytes_differ(registry, tmp_path: Path) 
     assert [line for line in bad.stdout.splitlines() if digest in line and "other bytes" in line]
 
 
+def test_check_values_fetches_each_blob_once(blob_redirector, registry, tmp_path: Path) -> None:
+    """``check --values`` takes an artifact blob's digest from the bytes its value check reads, and reads only the
+    rest (a header, an integer tensor it skips) for the digest: a model larger than its block cache crosses the wire
+    once, not twice (values, then digest). The digest still catches a changed byte (the test above)."""
+    rng = np.random.default_rng(3)
+    arrays = {
+        "a.weight": rng.standard_normal(21 << 20, dtype=np.float32),  # 84 MiB
+        "b.ids": rng.integers(0, 1 << 40, 2 << 20, dtype=np.int64),  # 16 MiB the value check does not read
+        "c.weight": rng.standard_normal(16 << 20, dtype=np.float32),  # 64 MiB: the whole above the 128 MiB cache
+    }
+    write_numpy(str(tmp_path / "model.safetensors"), arrays)
+    data = (tmp_path / "model.safetensors").read_bytes()
+    repo = registry.repo("check-once")
+    artifact = oras({"model.safetensors": data, "config.json": b'{"model_type": "none"}'})
+    push(registry, repo, "v1", artifact)
+    digests = {layer["digest"]: layer["size"] for layer in artifact.layers}
+    result = stfs_command("check", "--values", f"oci://{blob_redirector.host}/{repo}:v1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "values checked" in result.stdout
+    for digest, size in digests.items():
+        fetched = sum(len(r.body) for r in blob_redirector.cdn_requests() if digest[7:] in r.path)
+        assert size <= fetched <= size + 128 * 1024, (digest, size, fetched)  # the first read's 100 kB once more
+
+
 # -- local stores ----------------------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .base import ByteSource, FileInfo, Kind, SharedBlocks
 
@@ -96,6 +96,7 @@ class MappedFiles:
             self.max_open = below.max_open
         if hasattr(below, "drop_lag"):
             self.drop_lag = below.drop_lag
+        self._digests: DigestPass | None = None
 
     # -- ByteSource
 
@@ -135,7 +136,10 @@ class MappedFiles:
             data = decoded.read_at(piece.offset + offset, count)
             view[: len(data)] = data
             return len(data)
-        return self.below.read_into(piece.key, piece.offset + offset, view[:count], self._span(piece, span))
+        got = self.below.read_into(piece.key, piece.offset + offset, view[:count], self._span(piece, span))
+        if self._digests is not None and got > 0:
+            self._digests.saw(piece.key, piece.offset + offset, view[:got])
+        return got
 
     def splice_into(self, key: str, offset: int, count: int, pipe: int, span: tuple[int, int] | None = None) -> int:
         piece = self._piece(key)
@@ -192,29 +196,27 @@ class MappedFiles:
                 return self.groups[folder]
         return None
 
+    def hash_as_read(self) -> None:
+        """From now on, take each blob's digest from the bytes reads bring (``DigestPass``): ``check_blobs`` then
+        reads only what no read did, so ``check --values`` fetches a blob once, not once for the values and again for
+        the digest."""
+        blobs = {key: digest for group in self.groups.values() for key, digest, _ in group.blobs}
+        self._digests = DigestPass(self.below, blobs)
+
     def check_blobs(self, progress: Callable[[int], None] | None = None) -> list[str]:
         """Read every blob the groups name and compare it with its digest (a blob is content addressed); one line
-        for each that differs or cannot be read."""
+        for each that differs or cannot be read. Bytes of it already hashed (``hash_as_read``) are not read again."""
         problems = []
         for group in self.groups.values():
             for key, digest, size in group.blobs:
-                algorithm, _, expected = digest.partition(":")
-                hasher = hashlib.new(algorithm)
-                buffer = memoryview(bytearray(min(size, CHECK_CHUNK) or 1))
-                offset = 0
+                taken = self._digests.taken(key) if self._digests is not None else None
+                hasher, offset = taken if taken is not None else (hashlib.new(digest.partition(":")[0]), 0)
                 try:
-                    while offset < size:
-                        got = self.below.read_into(key, offset, buffer[: min(len(buffer), size - offset)])
-                        if got <= 0:
-                            raise OSError(f"it ends at byte {offset}")
-                        hasher.update(buffer[:got])
-                        offset += got
-                        if progress is not None:
-                            progress(got)
+                    hash_range(self.below, key, offset, size, hasher, progress)
                 except OSError as exc:
                     problems.append(f"{group.key}: blob {digest}: cannot read: {exc.strerror or exc}")
                     continue
-                if hasher.hexdigest() != expected:
+                if hasher.hexdigest() != digest.partition(":")[2]:
                     problems.append(
                         f"{group.key}: blob {digest} holds other bytes (their sha256 is {hasher.hexdigest()})"
                     )
@@ -243,6 +245,56 @@ class MappedFiles:
     def _span(piece: Piece, span: tuple[int, int] | None) -> tuple[int, int]:
         low, high = span if span is not None else (0, piece.size)
         return piece.offset + low, piece.offset + min(high, piece.size)
+
+
+class DigestPass:
+    """The digests of blobs taken from the bytes reads bring, each byte hashed once and in order: a read past where
+    a blob's hash has come first reads the gap (a header, integer tensors) from the source below, a read of bytes
+    already hashed adds nothing. A blob whose gap cannot be read is left to ``check_blobs``, which reads it whole and
+    says why."""
+
+    def __init__(self, below: ByteSource, blobs: Mapping[str, str]) -> None:
+        self.below = below
+        self._hashes = {key: (hashlib.new(digest.partition(":")[0]), [0]) for key, digest in blobs.items()}
+
+    def saw(self, key: str, offset: int, data: memoryview) -> None:
+        """Reads brought ``data``, the bytes of blob ``key`` from ``offset``."""
+        hashing = self._hashes.get(key)
+        if hashing is None:
+            return
+        hasher, position = hashing
+        if offset > position[0]:
+            try:
+                hash_range(self.below, key, position[0], offset, hasher)
+            except OSError:
+                del self._hashes[key]
+                return
+            position[0] = offset
+        if offset <= position[0] < offset + len(data):
+            hasher.update(data[position[0] - offset :])
+            position[0] = offset + len(data)
+
+    def taken(self, key: str) -> tuple[Any, int] | None:
+        """The hash of blob ``key`` so far and the offset it has come to (``None``: none)."""
+        hashing = self._hashes.get(key)
+        return (hashing[0], hashing[1][0]) if hashing is not None else None
+
+
+def hash_range(
+    source: ByteSource, key: str, start: int, end: int, hasher: Any, progress: Callable[[int], None] | None = None
+) -> None:
+    """Add bytes ``[start, end)`` of ``key`` to ``hasher``, read ``CHECK_CHUNK`` at a time (an ``OSError`` where they
+    cannot be read); each chunk's length told to ``progress``."""
+    buffer = memoryview(bytearray(min(end - start, CHECK_CHUNK) or 1))
+    offset = start
+    while offset < end:
+        got = source.read_into(key, offset, buffer[: min(len(buffer), end - offset)])
+        if got <= 0:
+            raise OSError(f"it ends at byte {offset}")
+        hasher.update(buffer[:got])
+        offset += got
+        if progress is not None:
+            progress(got)
 
 
 class _Renamed:

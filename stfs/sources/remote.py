@@ -782,7 +782,9 @@ class RemoteFiles:
         with self._lock:
             stream, followed = follow(self._streams.setdefault(pin.key, []), offset, end, low, high, len(pin.head))
             if followed:
-                behind = (stream.next - BACKWARD_SLACK) // self.block_size  # blocks before it are done with
+                # blocks before where this read starts are done with; its own (a large read spans several, fetched
+                # ahead perhaps) are not until it has them: passed now, a fetch ahead could take their slots first
+                behind = (offset - BACKWARD_SLACK) // self.block_size
                 for block in range(max(stream.passed, behind - PASSED_SCAN), behind):
                     cache.pass_by((pin.key, block))
                 stream.passed = max(stream.passed, behind)
