@@ -58,12 +58,15 @@ def zstd_frames(data: bytes, frame: int | None) -> bytes:
 
 def image(layers: list[bytes], compress: bool | str = True, docker: bool = False) -> Artifact:
     """An image manifest (OCI, or Docker schema 2) over ``layers`` (tars, gzip'd when ``compress``; ``"zstd"``: one
-    zstd frame, ``"zstd-frames"``: a frame every 256 KiB), bottom first, with an image config naming their diff
-    IDs."""
+    zstd frame, ``"zstd-frames"``: a frame every 256 KiB, ``"zstd-mixed"``: those for its first 4 MiB, then one
+    frame), bottom first, with an image config naming their diff IDs."""
     blobs = {}
     descriptors = []
     for tar in layers:
-        if compress in ("zstd", "zstd-frames"):
+        if compress == "zstd-mixed":
+            data = zstd_frames(tar[: 4 << 20], 256 << 10) + zstd_frames(tar[4 << 20 :], None)
+            media = LAYER_TAR + "+zstd"
+        elif compress in ("zstd", "zstd-frames"):
             data = zstd_frames(tar, None if compress == "zstd" else 256 << 10)
             media = LAYER_TAR + "+zstd"
         else:

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from stfs.sources import open_source
 from stfs.sources.base import ByteSource
-from tests.helpers import MountFn, run, stfs_command
+from tests.helpers import REPO, MountFn, run, stfs_command
 from tests.images import image, layer_tar, modelcar, skopeo_copy, tools_found
 from tests.models import rich_arrays, write_numpy
 from tests.registry import Registry, push, write_oci_layout, write_ollama_models
@@ -379,6 +380,42 @@ def test_zstd_layers_by_frame_or_whole(mount: MountFn, tmp_path: Path, compress:
         used = whole[0].stat()
         assert used.st_ino == made.st_ino and used.st_mtime_ns > made.st_mtime_ns  # the same file, used
         assert not list(whole[0].parent.glob("*.tmp"))
+
+
+def test_a_large_zstd_frame_after_small_ones_keeps_the_whole_output(tmp_path: Path) -> None:
+    """The output is spooled only from the first frame too large to enter; the small frames before it are then
+    decompressed again into the kept output, which is the layer's whole tar, byte for byte."""
+    payload = np.random.default_rng(4).integers(0, 256, 24 * MIB, dtype=np.uint8).tobytes()
+    tar = layer_tar([("models/a.bin", payload[: 6 * MIB]), ("models/b.bin", payload[6 * MIB :])])
+    layout = write_oci_layout(tmp_path / "layout", {"v1": image([tar], "zstd-mixed")})
+    source, root = open_source(str(layout), cache_dir=str(tmp_path / "cache"))
+    try:
+        assert source.read(f"{root}/models/a.bin", 0, 6 * MIB) == payload[: 6 * MIB]
+        assert source.read(f"{root}/models/b.bin", 0, 18 * MIB) == payload[6 * MIB :]
+    finally:
+        source.close()
+    [whole] = (tmp_path / "cache" / "zstd-whole").glob("*.tar")
+    assert whole.read_bytes() == tar
+
+
+def test_the_pass_over_zstd_frames_writes_no_output_to_the_cache_dir(tmp_path: Path) -> None:
+    """A layer of frames keeps only its frame index in ``--cache-dir``: its pass writes none of the output there
+    (it did, as if the layer might be read whole, then deleted it). A daemon that may write files of 2 MiB at most
+    (``RLIMIT_FSIZE``) reads the 24 MiB layer all the same."""
+    payload = np.random.default_rng(6).integers(0, 256, 24 * MIB, dtype=np.uint8).tobytes()
+    layout = write_oci_layout(
+        tmp_path / "layout", {"v1": image([layer_tar([("models/b.bin", payload)])], "zstd-frames")}
+    )
+    script = (
+        "import resource, sys; from stfs.sources import open_source\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))\n"
+        "source, root = open_source(sys.argv[1], cache_dir=sys.argv[2])\n"
+        "sys.stdout.buffer.write(source.read(root + '/models/b.bin', 20 << 20, 4096)); source.close()\n"
+    )
+    result = run([sys.executable, "-c", script, str(layout), str(tmp_path / "cache")], cwd=REPO, text=False)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    assert result.stdout == payload[20 * MIB : 20 * MIB + 4096]
+    assert len(list((tmp_path / "cache" / "zstd-index").glob("*.index"))) == 1
 
 
 def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypatch, tmp_path: Path) -> None:

@@ -5,9 +5,10 @@ frame by frame, noting where each frame starts in the blob and in the output, wh
 A layer of frames no larger than ``FRAME_MAX`` of output (zstd:chunked, the seekable format) is then read by
 frame: a read decompresses the frames it covers, the last few kept; with ``--cache-dir`` the frames and the members
 are kept there by the blob's digest (``layer_index``), so a later mount makes no pass. A layer with a larger frame
-(what ``zstd`` and most tools write: one frame) cannot be entered in the middle, so its output is kept whole as the
-pass makes it: in ``--cache-dir`` (by the blob's digest, kept for later mounts, held open while mounted) up to
-``--cache-dir-size``, or in memory up to ``MEMORY_MAX``; past that it is refused in one line naming the option.
+(what ``zstd`` and most tools write: one frame) cannot be entered in the middle, so its output is kept whole from
+the pass, once that meets such a frame: in ``--cache-dir`` (by the blob's digest, kept for later mounts, held open
+while mounted) up to ``--cache-dir-size``, or in memory up to ``MEMORY_MAX``; past that it is refused in one line
+naming the option.
 Both are ``DiskCache`` files: counted in ``--cache-dir-size``, the least recently used deleted first.
 """
 
@@ -204,8 +205,9 @@ def _discard(spool: BinaryIO, temporary: str) -> None:
 
 
 class _Pass(io.RawIOBase):
-    """The decompressed stream, read front to back (forward seeks decompress and skip): frames noted, output
-    spooled while it may be needed whole."""
+    """The decompressed stream, read front to back (forward seeks decompress and skip): frames noted, and output
+    spooled once it is known to be needed whole: from the first frame that grows past ``FRAME_MAX`` (the frames
+    before it decompressed again into the spool then). A layer of small frames writes nothing there."""
 
     def __init__(self, layer: ZstdLayer, zstandard: object, spool: BinaryIO, limit: int) -> None:
         self._layer = layer
@@ -220,6 +222,8 @@ class _Pass(io.RawIOBase):
         self._position = 0
         self.out = 0  # output made
         self.frames: list[tuple[int, int, int, int]] = []
+        self._pending: list[bytes] = []  # the current frame's output while no frame is past FRAME_MAX: not spooled
+        self._spooling = False
         self.spool_full = False
         self._limit = limit  # output spooled at most: past it, the layer cannot be read whole
 
@@ -280,6 +284,7 @@ class _Pass(io.RawIOBase):
             self._in += len(data) - len(unused)
             self.frames.append((self._frame_out, self.out, self._frame_in, self._in))
             self._frame_in, self._frame_out = self._in, self.out
+            self._pending = []
             self._decoder = self._zstd.ZstdDecompressor().decompressobj()  # type: ignore[attr-defined]
             data = unused
 
@@ -290,13 +295,37 @@ class _Pass(io.RawIOBase):
             raise OSError(f"the layer inflates past {MAX_RATIO} times its size (a zstd bomb?)")
         self._buffer = self._buffer[self._at :] + out if self._buffer else out
         self._at = 0
-        if not self.spool_full:
-            if self.out + len(out) > self._limit:
-                self.spool_full = True
-                self._spool.close()
-            else:
-                self._spool.write(out)
+        if not self._spooling:
+            self._pending.append(out)
+            if self.out + len(out) - self._frame_out > FRAME_MAX:  # a frame too large to enter: the layer is read whole
+                self._spooling = True
+                self._spool_earlier_frames()
+                for piece in self._pending:
+                    self._write(piece)
+                self._pending = []
+        else:
+            self._write(out)
         self.out += len(out)
+
+    def _write(self, out: bytes) -> None:
+        """Spool ``out``, the output that follows what is spooled, up to the limit."""
+        if self.spool_full:
+            return
+        if self._spool.tell() + len(out) > self._limit:
+            self.spool_full = True
+            self._spool.close()
+        else:
+            self._spool.write(out)
+
+    def _spool_earlier_frames(self) -> None:
+        """The output of the frames before the current one, decompressed again from the blob into the spool."""
+        for start, end, lo, hi in self.frames:
+            if self.spool_full:
+                return
+            data = self._zstd.ZstdDecompressor().decompress(  # type: ignore[attr-defined]
+                self._layer._read(self._layer.key, lo, hi - lo), max_output_size=end - start
+            )
+            self._write(data)
 
     def finish(self) -> None:
         """Read to the blob's end: every frame noted (the tar's end is not the stream's)."""
