@@ -426,6 +426,7 @@ static pipe_t *thread_pipe(void) {
     /* splice takes a slot per page touched; libfuse's own pipe needs three pages and the header more */
     pipe->limit = capacity > 4 * PAGE ? (size_t)capacity - 4 * PAGE : 0;
     pthread_setspecific(pipe_key, pipe);
+    pthread_setname_np(pthread_self(), "stfs-fuse"); /* a libfuse worker, as top -H and perf show it */
     return pipe;
 }
 

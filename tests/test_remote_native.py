@@ -64,6 +64,18 @@ def test_cached_blocks_are_answered_in_c_with_the_right_bytes(nginx: Nginx, tmp_
     assert answered.get("read_buf_cached", 0) > answered["read_buf"] // 2, answered
 
 
+def test_the_daemons_threads_carry_their_jobs_names(nginx: Nginx, tmp_path: Path, counted: Path) -> None:
+    """``top -H`` and ``perf report --sort comm`` tell the daemon's fetching from its answering: the threads that
+    fetch blocks are ``stfs-fetch``, libfuse's that answer reads ``stfs-fuse`` (the kernel's names; Python keeps its
+    own to itself)."""
+    local, url = served(nginx, tmp_path)
+    with mounted(url, str(tmp_path / "mnt")) as mnt:
+        assert read_cold(os.path.join(mnt, "files", "m.safetensors")) == local.read_bytes()
+        pid = int(os.getxattr(mnt, "user.stfs.pid"))
+        names = {Path(task, "comm").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir()}
+    assert {"stfs-fetch", "stfs-fuse"} <= names, names
+
+
 @pytest.mark.parametrize("threads", [False, True], ids=["one thread", "thread pool"])
 def test_slots_reused_under_concurrent_readers(nginx: Nginx, tmp_path: Path, counted: Path, threads: bool) -> None:
     """A 4 MiB cache (16 slots of 256 KiB) for a 36 MiB model: slots C is answering from are reused while other

@@ -42,6 +42,7 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from .. import stopping
+from ..threads import name_os_thread
 from . import retries
 from .base import DEFAULT_CACHE_SIZE, DEFAULT_TIMEOUT, FileInfo, Kind, SharedBlocks, SourceChanged
 from .block_cache import PASSED_SCAN, Slot, SlotCache
@@ -609,7 +610,9 @@ class RemoteFiles:
         """The one thread that writes to the disk cache (the lock is held): off the read path, one piece at a
         time."""
         if self._keep_pool is None:
-            self._keep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stfs-keep")
+            self._keep_pool = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="stfs-keep", initializer=name_os_thread, initargs=("stfs-keep",)
+            )
         return self._keep_pool
 
     def _get_into(self, pin: Pin, lo: int, into: memoryview) -> memoryview:
@@ -857,7 +860,12 @@ class RemoteFiles:
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="stfs-fetch")
+            self._pool = ThreadPoolExecutor(
+                max_workers=WORKERS,
+                thread_name_prefix="stfs-fetch",
+                initializer=name_os_thread,
+                initargs=("stfs-fetch",),
+            )
         return self._pool
 
     def _get_store(self) -> Any:
