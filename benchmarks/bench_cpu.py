@@ -8,7 +8,8 @@ HTTPS (the tests' own CA: ``curl --cacert``, the daemon's ``SSL_CERT_FILE``). Ea
            system from /proc/PID/stat, read once it has exited and before it is reaped); before and after the
            stfs reads, the mean of the two
   stfs     ``dd if=MNT/files/MODEL of=/dev/null bs=1M`` on a fresh mount of the URL; GB/s, the daemon's CPU-seconds
-           per GB (/proc/PID/stat before and after the read, the mount settled first: nothing running) and dd's (the
+           per GB (/proc/PID/stat before and after the read, the mount settled first: nothing running), split
+           between its threads that fetch (``stfs-fetch``) and the rest (libfuse's, answering reads), and dd's (the
            kernel's copy out of the mount's page cache)
 
 and behind a link capped at 50 MB/s a connection (nginx ``limit_rate``, ``/capped/``), the case of object stores
@@ -205,17 +206,34 @@ def read_through_mount(
     watch: dict[str, float] = {}
     with Mount(url, mnt) as mount:
         before = settled(mount.pid)
+        fetching = threads_cpu(mount.pid, "stfs-fetch")
         if warm_memory:
             touch_memory(size * 2)
         with recorded(mount.pid, perf), watched(nginx, watch) if nginx else contextlib.nullcontext():
             seconds, dd_cpu = timed(["dd", f"if={os.path.join(mnt, path)}", "of=/dev/null", "bs=1M"])
         daemon = cpu_seconds(mount.pid) - before
+        fetching = threads_cpu(mount.pid, "stfs-fetch") - fetching
     gb = size / 1e9
-    figures = {"gbs": gb / seconds, "daemon_cpu": daemon / gb, "dd_cpu": dd_cpu / gb}
+    figures = {"gbs": gb / seconds, "daemon_cpu": daemon / gb, "dd_cpu": dd_cpu / gb, "fetch_cpu": fetching / gb}
     if nginx is not None:
         figures.update(server_cpu=watch["server_cpu"] / gb, busy_cores=watch["busy_cores"])
         figures["path_cpu"] = figures["daemon_cpu"] + figures["dd_cpu"] + figures["server_cpu"]
     return figures
+
+
+def threads_cpu(pid: int, name: str) -> float:
+    """User + system CPU time so far of the threads of process ``pid`` the kernel names ``name`` (the daemon names
+    its fetching threads ``stfs-fetch``; they live as long as it does)."""
+    total = 0.0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/task/{task}/comm") as stream:
+                if stream.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/task/{task}/stat") as stream:
+                fields = stream.read().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 FETCH_BLOCK = 8 * MIB  # stfs's block: the GETs of its readahead
@@ -453,6 +471,10 @@ def table(medians: dict[str, dict[str, float]], rounds: list[dict[str, Any]], na
                 f"| {m[f'{name}_daemon_cpu']:.3f} | {m[f'{name}_dd_cpu']:.3f} | daemon CPU "
                 f"{m[f'{name}_cpu_vs_curl']:.2f}x curl's (<= {TARGETS['cpu']}x), "
                 f"rate {m[f'{name}_rate_vs_curl']:.2f}x (>= {TARGETS['rate']}x) |"
+            )
+            lines.append(
+                f"| {label}: the daemon's threads that fetch / that answer reads (libfuse's) | | | | "
+                f"{m[f'{name}_fetch_cpu']:.3f} / {m[f'{name}_daemon_cpu'] - m[f'{name}_fetch_cpu']:.3f} | | |"
             )
             lines.append(
                 f"| {label}: the whole read path (client + nginx; stfs's dd too) | | {m['curl_path_cpu']:.3f} | | "
