@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__, errors
 from .csi import DEFAULT_STATE_DIR
@@ -65,11 +65,15 @@ def summary() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose texts say what SOURCE can be (``SOURCE_HELP``) once help is shown."""
+    """An ArgumentParser whose texts say what SOURCE can be (``SOURCE_HELP``) once help is shown, and whose usage
+    errors are one line (SPEC §5: every error is), pointing at ``--help`` rather than printing the usage."""
 
     def format_help(self) -> str:
         _fill_sources(self, source_text())
         return super().format_help()
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _fill_sources(parser: argparse.ArgumentParser, text: str) -> None:

@@ -156,7 +156,8 @@ def test_usage_errors_exit_2(argv: list[str]) -> None:
     result = stfs_run(*argv)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert "usage: stfs" in result.stderr
+    assert result.stderr.startswith("stfs") and " --help)" in result.stderr  # one line: SPEC §5
+    assert len(result.stderr.splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
 
 

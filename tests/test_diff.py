@@ -354,6 +354,7 @@ def test_trouble_is_exit_2_in_one_line(tmp_path: Path) -> None:
         result = stfs_command("diff", *argv)
         assert (result.returncode, result.stdout) == (2, ""), (argv, result.stderr)
         assert "Traceback" not in result.stderr and message in result.stderr, (argv, result.stderr)
+        assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
 def test_a_truncated_source_is_trouble(tmp_path: Path) -> None:

@@ -393,7 +393,8 @@ def test_an_unknown_view_is_a_usage_error(models: Path, tmp_path: Path, spelling
     source = str(models / "native.safetensors")
     result = run([sys.executable, "-m", "stfs", "mount", source, str(tmp_path), *spelling])
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("usage: stfs mount") and "view" in result.stderr
+    assert result.stderr.startswith("stfs mount: error: ") and "view" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
     assert not os.path.ismount(tmp_path)
 
 
