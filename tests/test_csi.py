@@ -486,6 +486,33 @@ def test_a_republish_heals_a_mount_whose_daemon_died(plugin: Plugin, model: Path
     assert mounts_under(tmp_path) == []
 
 
+def test_unpublish_with_a_file_open_detaches_lazily(plugin: Plugin, model: Path, tmp_path: Path) -> None:
+    target = target_of(tmp_path)
+    plugin.publish(target, {"source": str(model)})
+    pid = daemon_pid(str(target))
+    assert pid is not None
+    name = next(iter(rich_arrays()))
+    expected = tensor_bytes(str(model), name)
+    with open(tensor_path(str(target), name), "rb") as held:  # a pod's reader still at work: the mount is busy
+        plugin.unpublish(target)
+        assert mounts_under(tmp_path) == [] and not target.exists()
+        assert list((tmp_path / "state" / "volumes").iterdir()) == []
+        assert held.read() == expected  # detached, not ended: the open file still reads
+        assert running(pid)
+    deadline = time.monotonic() + 30  # released: the daemon ends
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(pid)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is alive (a zombie, its parent not having reaped it yet, has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_dead_mount_is_unpublished(plugin: Plugin, model: Path, tmp_path: Path) -> None:
     target = target_of(tmp_path)
     plugin.publish(target, {"source": str(model)})
