@@ -382,6 +382,38 @@ def test_zstd_layers_by_frame_or_whole(mount: MountFn, tmp_path: Path, compress:
         assert not list(whole[0].parent.glob("*.tmp"))
 
 
+def test_one_zstd_frame_is_read_once_into_memory_without_cache_dir(
+    blob_redirector, registry, mount: MountFn, tmp_path: Path
+) -> None:
+    """One frame larger than a frame read at random (18 MiB), no ``--cache-dir``: the pass keeps the layer's output in
+    memory; every file then reads byte for byte from it, none of the blob fetched again."""
+    payload = np.random.default_rng(11).standard_normal(9 * MIB).astype(np.float16).tobytes()
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    tar = layer_tar([("models/model.safetensors", model), ("models/blob.bin", payload)])
+    artifact = image([tar], "zstd")
+    [layer] = artifact.manifest["layers"]
+    repo = registry.repo("zstd-memory")
+    push(registry, repo, "v1", artifact)
+
+    def fetched() -> int:
+        return sum(len(r.body) for r in blob_redirector.cdn_requests() if layer["digest"][7:] in r.path)
+
+    mnt = mount(f"oci://{blob_redirector.host}/{repo}:v1", options=["cache_size=8M"])  # the blob's blocks not kept
+    after_pass = fetched()
+    assert layer["size"] <= after_pass <= 1.1 * layer["size"] + MIB  # the one pass: the blob once
+    assert Path(mnt, "files", "models", "model.safetensors").read_bytes() == model
+    assert Path(mnt, "files", "models", "blob.bin").read_bytes() == payload
+    assert_same_tensors(mnt, mount(str(tmp_path / "model.safetensors")))
+    picks = random.Random(5)
+    with open(Path(mnt, "files", "models", "blob.bin"), "rb") as stream:
+        for _ in range(30):
+            offset, count = picks.randrange(len(payload)), picks.randrange(1, 600_000)
+            stream.seek(offset)
+            assert stream.read(count) == payload[offset : offset + count]
+    assert fetched() == after_pass  # read from memory, not from the blob again
+
+
 def test_a_large_zstd_frame_after_small_ones_keeps_the_whole_output(tmp_path: Path) -> None:
     """The output is spooled only from the first frame too large to enter; the small frames before it are then
     decompressed again into the kept output, which is the layer's whole tar, byte for byte."""
