@@ -198,6 +198,12 @@ def _gzip(data: bytes) -> bytes:
     return gzip.compress(data, mtime=0)
 
 
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3, write_checksum=True).compress(data)  # one frame, as modctl writes it
+
+
 # --- artifact builders ------------------------------------------------------------------------------------
 
 _WEIGHT_SUFFIXES = (
@@ -260,7 +266,7 @@ def _file_metadata(path: str, size: int) -> str:
 def modelpack(
     files: dict[str, bytes],
     tar: bool = False,
-    compressed: bool = False,
+    compressed: bool | str = False,
     annotations: dict[str, str] | None = None,
     name: str = "test-model",
     family: str = "llama",
@@ -268,17 +274,18 @@ def modelpack(
     """A model as ``modctl build`` + ``push`` lays it out: one layer per file, ``org.cncf.model.filepath`` and
     ``org.cncf.model.file.metadata+json`` on each; config layers first, then weights, code, docs (modctl's
     processors' order), each group by path. ``tar`` packs each file in a tar at its path (``--raw=false``),
-    ``compressed`` gzips that tar (``….v1.tar+gzip``)."""
+    ``compressed`` gzips that tar (``….v1.tar+gzip``), ``"zstd"`` makes it one zstd frame (``….v1.tar+zstd``)."""
     order = ("weight.config", "weight", "code", "doc")
     kinds = {path: modelpack_kind(path) for path in files}
-    suffix = ("tar+gzip" if compressed else "tar") if tar or compressed else "raw"
+    compression = "zstd" if compressed == "zstd" else "gzip"
+    suffix = (f"tar+{compression}" if compressed else "tar") if tar or compressed else "raw"
     layers = []
     blobs: dict[str, bytes] = {}
     for path in sorted(files, key=lambda p: (order.index(kinds[p]), p)):
         data = files[path]
         blob = data if suffix == "raw" else make_tar({path: data})
         if compressed:
-            blob = _gzip(blob)
+            blob = _zstd(blob) if compression == "zstd" else _gzip(blob)
         media_type = f"application/vnd.cncf.model.{kinds[path]}.v1.{suffix}"
         layers.append(_descriptor(media_type, blob, {FILEPATH: path, FILE_METADATA: _file_metadata(path, len(data))}))
         blobs[sha256_digest(blob)] = blob

@@ -472,13 +472,15 @@ def test_one_large_zstd_frame_without_room_is_refused_naming_cache_dir(monkeypat
         source.close()
 
 
-def test_a_modelpack_tar_gzip_artifact_is_read_at_random(registry, mount: MountFn, tmp_path: Path) -> None:
+@pytest.mark.parametrize("compressed", ["gzip", "zstd"])
+def test_a_modelpack_compressed_tar_artifact_is_read(registry, mount: MountFn, tmp_path: Path, compressed: str) -> None:
+    """ModelPack's ``….v1.tar+gzip`` and ``….v1.tar+zstd`` layers (one zstd frame each, as modctl writes them)."""
     from tests.registry import modelpack
 
     files = repository_files(tmp_path / "repo")
-    repo = registry.repo("modelpack-gzip")
-    artifact = modelpack(files, compressed=True)
-    assert {layer["mediaType"].rsplit(".", 1)[-1] for layer in artifact.layers} == {"tar+gzip"}
+    repo = registry.repo(f"modelpack-{compressed}")
+    artifact = modelpack(files, compressed=compressed)
+    assert {layer["mediaType"].rsplit(".", 1)[-1] for layer in artifact.layers} == {f"tar+{compressed}"}
     push(registry, repo, "v1", artifact)
     mnt = mount(f"oci://{registry.host}/{repo}:v1")
     assert_same_tensors(mnt, mount(str(tmp_path / "repo")))
