@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +205,38 @@ def test_a_gzip_layer_is_read_at_random_after_one_pass(
         Path(again, "files", "models", "blob.bin").read_bytes()[offset : offset + MIB] == payload[offset : offset + MIB]
     )
     assert fetched() - before <= 8 * MIB
+
+
+def test_a_tensor_of_an_uncompressed_image_layer_costs_its_bytes(
+    blob_redirector, registry, mount: MountFn, tmp_path: Path
+) -> None:
+    """An image of uncompressed tar layers (buildah's default) is indexed by Range at mount; a tensor read after that
+    fetches ≤ 1.1× its bytes from the blob CDN (SPEC §14a Costs), the indexing reads counted apart."""
+    rng = np.random.default_rng(12)
+    arrays = {f"layer{i}": rng.standard_normal((1024, 1024)).astype(np.float32) for i in range(8)}  # 4 MiB each
+    write_numpy(str(tmp_path / "model.safetensors"), arrays)
+    model = (tmp_path / "model.safetensors").read_bytes()
+    base = layer_tar([("etc/", None), ("etc/os-release", b"ID=scratch\n"), ("models/", None)])
+    artifact = image([base, layer_tar([("models/model.safetensors", model), ("models/config.json", b"{}")])], False)
+    assert {d["mediaType"] for d in artifact.manifest["layers"]} == {"application/vnd.oci.image.layer.v1.tar"}
+    repo = registry.repo("image-tar-cost")
+    push(registry, repo, "v1", artifact)
+    digests = [d["digest"][7:] for d in artifact.manifest["layers"]]
+
+    def fetched() -> int:
+        return sum(len(r.body) for r in blob_redirector.cdn_requests() if any(d in r.path for d in digests))
+
+    mnt = mount(f"oci://{blob_redirector.host}/{repo}:v1")
+    indexing = fetched()
+    assert indexing <= 2 * MIB  # the tar headers and the safetensors header, by Range: no layer read whole
+    time.sleep(0.5)  # settled: nothing fetched while nothing is read
+    assert fetched() == indexing
+    name = "layer4"
+    with open(Path(mnt, "tensors", name), "rb") as stream:
+        os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        data = stream.read()
+    assert data == arrays[name].tobytes()
+    assert fetched() - indexing <= 1.1 * len(data)
 
 
 def test_a_spoiled_index_in_the_cache_dir_is_said_and_made_again(tmp_path: Path) -> None:
