@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pty
+import select
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -169,3 +174,40 @@ def served_by(
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def read_pty(master: int, process: subprocess.Popen, timeout: float = 60) -> bytes:
+    """Everything written to the terminal until ``process`` ends."""
+    received = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other end closed (EIO on Linux)
+                break
+            received += chunk
+        elif process.poll() is not None:
+            break
+    return received
+
+
+def on_a_terminal(*argv: str) -> tuple[int, bytes, str]:
+    """The command with stderr on a pseudo-terminal: its exit code, what the terminal got, and its stdout."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal of 24 x 100
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "stfs", *argv],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(slave)
+        received = read_pty(master, process)
+        stdout = process.communicate(timeout=60)[0].decode()
+    finally:
+        os.close(master)
+    return process.returncode, received, stdout

@@ -3,22 +3,16 @@ far larger are read, and a progress bar only on a terminal."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
-import select
 import struct
 import subprocess
 import sys
-import termios
 import textwrap
-import time
 from pathlib import Path
 
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, on_a_terminal
 from tests.torch_models import write
 
 MIB = 1 << 20
@@ -86,43 +80,6 @@ def test_memory_stays_bounded_while_models_far_larger_are_compared(tmp_path: Pat
     code, growth = peak_growth("check", "--values", b)
     assert code == 0
     assert growth <= GROWTH, f"grew by {growth / MIB:.0f} MiB"
-
-
-def read_pty(master: int, process: subprocess.Popen, timeout: float = 60) -> bytes:
-    """Everything written to the terminal until ``process`` ends."""
-    received = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.1)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the other end closed (EIO on Linux)
-                break
-            received += chunk
-        elif process.poll() is not None:
-            break
-    return received
-
-
-def on_a_terminal(*argv: str) -> tuple[int, bytes, str]:
-    """The command with stderr on a pseudo-terminal: its exit code, what the terminal got, and its stdout."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal of 24 x 100
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "stfs", *argv],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=slave,
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(slave)
-        received = read_pty(master, process)
-        stdout = process.communicate(timeout=60)[0].decode()
-    finally:
-        os.close(master)
-    return process.returncode, received, stdout
 
 
 def test_a_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from stfs.sources import open_source
 from stfs.sources.base import ByteSource
-from tests.helpers import REPO, MountFn, run, stfs_command
+from tests.helpers import REPO, MountFn, on_a_terminal, run, stfs_command
 from tests.images import image, layer_tar, modelcar, skopeo_copy, tools_found
 from tests.models import rich_arrays, write_numpy
 from tests.registry import Registry, push, write_oci_layout, write_ollama_models
@@ -237,6 +237,25 @@ def test_a_tensor_of_an_uncompressed_image_layer_costs_its_bytes(
         data = stream.read()
     assert data == arrays[name].tobytes()
     assert fetched() - indexing <= 1.1 * len(data)
+
+
+def test_info_pays_the_gzip_pass_with_progress_only_on_a_terminal(tmp_path: Path) -> None:
+    """``stfs info`` on a gzip image makes the one pass (it needs the member list): its bar on a terminal's stderr, gone
+    once done; nothing but the table when stderr is not a terminal."""
+    payload = np.random.default_rng(13).integers(0, 256, 4 * MIB, dtype=np.uint8).tobytes()
+    write_numpy(str(tmp_path / "model.safetensors"), rich_arrays())
+    model = (tmp_path / "model.safetensors").read_bytes()
+    tar = layer_tar([("models/blob.bin", payload), ("models/model.safetensors", model)])
+    artifact = image([tar])
+    [layer] = artifact.manifest["layers"]
+    layout = write_oci_layout(tmp_path / "layout", {"v1": artifact})
+    code, terminal, stdout = on_a_terminal("info", str(layout))
+    assert code == 0 and "model.embed_tokens.weight" in stdout
+    assert f"indexing gzip layer {layer['digest'][7:19]}".encode() in terminal and b"%" in terminal
+    assert b"\r" in terminal  # a bar redrawn in place, not lines
+    plain = stfs_command("info", str(layout))
+    assert plain.returncode == 0 and plain.stdout == stdout
+    assert plain.stderr == ""
 
 
 def test_a_spoiled_index_in_the_cache_dir_is_said_and_made_again(tmp_path: Path) -> None:
