@@ -795,7 +795,11 @@ class RemoteFiles:
                 return None
             clip = (0, pin.size) if stream.crossed else (low, high)
             first = offset // self.block_size
-            last = min(-(-clip[1] // self.block_size), (end - 1) // self.block_size + 1 + stream.window)
+            # a window that with the read's own blocks and those kept behind it would need more slots than the cache
+            # has takes the read's blocks before it reads them: fetched twice (a small cache, reads of many blocks)
+            own = (end - 1) // self.block_size - first + 1
+            room = cache.count - own - -(-BACKWARD_SLACK // self.block_size)
+            last = min(-(-clip[1] // self.block_size), (end - 1) // self.block_size + 1 + min(stream.window, room))
             for block in range(first + 1, last):  # the first block is the read's own: it fetches it
                 lo, hi = self._bounds(pin, block, clip)
                 while lo < hi:  # each part of the block neither held nor on its way
