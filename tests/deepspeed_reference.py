@@ -6,7 +6,8 @@ installed, in a process of its own):
   ``OUT/version``, DeepSpeed's version, and ``OUT/universal/``, what ``ds_to_universal`` makes of its
   ``global_step2`` (``zero/NAME/exp_avg.pt``, ...);
 * ``python deepspeed_reference.py shorten FILE`` rewrites a rank's optimizer state with its first flat partition
-  50 elements short; ``... stage FILE N`` with its ZeRO stage N (DeepSpeed's own enum, as DeepSpeed pickles it).
+  50 elements short; ``... stage FILE N`` with its ZeRO stage N (DeepSpeed's own enum, as DeepSpeed pickles it);
+  ``... groups FILE`` with a second parameter group (a copy of its first flat partition).
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def fp32(pairs: list[str]) -> None:
 def mutate(what: str, file: str, value: str | None) -> None:
     state = torch.load(file, weights_only=False)
     optimizer = state["optimizer_state_dict"]
+    key = "fp32_flat_groups" if "fp32_flat_groups" in optimizer else "single_partition_of_fp32_groups"
     if what == "shorten":
-        key = "fp32_flat_groups" if "fp32_flat_groups" in optimizer else "single_partition_of_fp32_groups"
         optimizer[key][0] = optimizer[key][0][:-50].clone()
+    elif what == "groups":
+        optimizer[key].append(optimizer[key][0].clone())
     else:
         optimizer["zero_stage"] = ZeroStageEnum(int(value or 0))
     torch.save(state, file)

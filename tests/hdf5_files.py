@@ -3,11 +3,16 @@ reference: every dataset's ``dataset[()]`` as C-order little-endian bytes, by st
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import h5py
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
@@ -53,15 +58,41 @@ def mixed(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def write_h5py(
-    path: Path, arrays: dict[str, np.ndarray], *, libver: str = "earliest", userblock: int = 0, **options: object
-) -> Path:
-    """``arrays`` as datasets of an h5py file (``options``: create_dataset's, ``chunks=...``; ``compact``), with
-    attributes on the file and a group; ``userblock`` bytes before the superblock."""
+def _created(path: Path, libver: str, userblock: int, istore_k: int) -> h5py.File:
+    """A new h5py file; with ``istore_k``, its chunk B-trees' K not libhdf5's default 32, which makes libhdf5 write
+    a version 1 superblock (the K is one of its fields)."""
     import h5py
 
     version = (libver, "latest") if libver != "earliest" else "earliest"
-    with h5py.File(path, "w", libver=version, userblock_size=userblock) as file:
+    if not istore_k:
+        return h5py.File(path, "w", libver=version, userblock_size=userblock)
+    create = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    create.set_userblock(userblock)
+    # h5py does not wrap H5Pset_istore_k: called in the libhdf5 h5py itself links (found through its module)
+    set_istore_k = ctypes.CDLL(h5py.h5p.__file__).H5Pset_istore_k
+    set_istore_k.argtypes, set_istore_k.restype = [ctypes.c_int64, ctypes.c_uint], ctypes.c_int
+    assert set_istore_k(create.id, istore_k) >= 0
+    access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    bounds = {"earliest": h5py.h5f.LIBVER_EARLIEST, "latest": h5py.h5f.LIBVER_LATEST}
+    access.set_libver_bounds(bounds[libver], h5py.h5f.LIBVER_LATEST)
+    return h5py.File(h5py.h5f.create(bytes(path), h5py.h5f.ACC_TRUNC, fapl=access, fcpl=create))
+
+
+def write_h5py(
+    path: Path,
+    arrays: dict[str, np.ndarray],
+    *,
+    libver: str = "earliest",
+    userblock: int = 0,
+    istore_k: int = 0,
+    **options: object,
+) -> Path:
+    """``arrays`` as datasets of an h5py file (``options``: create_dataset's, ``chunks=...``; ``compact``), with
+    attributes on the file and a group; ``userblock`` bytes before the superblock; ``istore_k`` (not 0): the K of
+    its chunk B-trees (a version 1 superblock)."""
+    import h5py
+
+    with _created(path, libver, userblock, istore_k) as file:
         file.attrs["keras_version"] = b"2.15.0"
         file.attrs["backend"] = "tensorflow"
         file.attrs["numbers"] = np.arange(3, dtype=np.int32)
@@ -128,5 +159,15 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "userblock": lambda path: write_h5py(path, mixed(np.random.default_rng(6)), userblock=512, libver="latest"),
     "chunked-latest": lambda path: write_h5py(
         path, {k: v for k, v in mixed(np.random.default_rng(5)).items() if v.ndim}, chunks=True, libver="latest"
+    ),
+    # superblock version 2: what libhdf5 1.8 writes (libver v108); version 3 is "latest"'s, 0 "earliest"'s
+    "superblock-v2": lambda path: write_h5py(path, mixed(np.random.default_rng(7)), libver="v108"),
+    # superblock version 1: a chunk B-tree K of 2 (nodes of at most 4 chunks: a tree of several levels)
+    "superblock-v1": lambda path: write_h5py(
+        path,
+        {"long": np.arange(40_000, dtype=np.float32)}
+        | {k: v for k, v in mixed(np.random.default_rng(8)).items() if v.ndim},
+        chunks=True,
+        istore_k=2,
     ),
 }

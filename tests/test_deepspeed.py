@@ -244,6 +244,9 @@ def _mutate(what: str, file: Path, value: str = "") -> None:
         ("zero3-bf16-2", "short", "PartitionTooShort"),
         ("zero2-fp32-3", "short", "PartitionTooShort"),
         ("zero2-fp32-3", "tensor parallel", "ModelParallelCheckpoint"),
+        ("zero1-bf16-3", "pipeline parallel", "ModelParallelCheckpoint"),
+        ("zero2-fp32-3", "groups", "RanksDisagree"),
+        ("zero3-bf16-2", "groups", "RanksDisagree"),
     ],
 )
 def test_a_broken_checkpoint_is_refused_in_one_line(
@@ -261,14 +264,22 @@ def test_a_broken_checkpoint_is_refused_in_one_line(
         _mutate("stage", optim, "1")
     elif case == "short":
         _mutate("shorten", optim)
+    elif case == "groups":  # rank 1 holds two parameter groups, rank 0's param_shapes one
+        _mutate("groups", optim)
+    elif case == "pipeline parallel":  # a PipelineModule's layers, each saved as layer_NN-model_MM-model_states.pt
+        shutil.copy(folder / "mp_rank_00_model_states.pt", folder / "layer_00-model_00-model_states.pt")
     else:
         shutil.copy(folder / "mp_rank_00_model_states.pt", folder / "mp_rank_01_model_states.pt")
     result = refusal(folder, tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert rule in lines[0] and str(folder) in lines[0] and "Traceback" not in result.stderr
-    if case == "tensor parallel":
+    if case in ("tensor parallel", "pipeline parallel"):
         assert "merge" in lines[0]
+    if case == "pipeline parallel":
+        assert "layer_*-model_states.pt" in lines[0]
+    if case == "groups":
+        assert f"{optim.name} holds 2 parameter groups, param_shapes 1" in lines[0]
 
 
 def test_from_pretrained_loads_a_run_through_the_safetensors_view(tmp_path: Path, mount: MountFn) -> None:

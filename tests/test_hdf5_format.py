@@ -38,6 +38,12 @@ def assert_same_as_h5py(source: Path, mnt: str) -> None:
             assert np.dtype(dtype).itemsize * int(np.prod(shape)) == os.stat(path).st_size
 
 
+def safetensors_dtype(numpy_dtype: str) -> str:
+    """Safetensors' name of a numpy dtype of numbers: ``float32`` -> ``F32``, ``bool`` -> ``BOOL``."""
+    dtype = np.dtype(numpy_dtype)
+    return "BOOL" if dtype.kind == "b" else {"f": "F", "i": "I", "u": "U"}[dtype.kind] + str(8 * dtype.itemsize)
+
+
 @pytest.mark.parametrize("kind", list(WRITERS))
 def test_every_dataset_is_a_tensor_file_of_the_bytes_h5py_reads(tmp_path: Path, mount: MountFn, kind: str) -> None:
     source = WRITERS[kind](tmp_path / f"{kind}.h5")
@@ -49,6 +55,23 @@ def test_every_dataset_is_a_tensor_file_of_the_bytes_h5py_reads(tmp_path: Path, 
     assert json.loads((metadata / "numbers").read_text()) == [0, 1, 2]
     assert json.loads(Path(metadata, "a.weight_names").read_text()) == ["a/f32", "a/f16"]
     assert os.getxattr(tensor_file(mnt, "a.f32"), "user.hdf5.dataset") == b"/a/f32"
+
+
+@pytest.mark.parametrize(
+    ("kind", "version"), [("earliest", 0), ("superblock-v1", 1), ("superblock-v2", 2), ("latest", 3), ("userblock", 3)]
+)
+def test_superblock_versions_0_to_3(tmp_path: Path, kind: str, version: int) -> None:
+    """Each superblock version libhdf5 writes: ``stfs info`` lists every dataset h5py reads, in its shape and dtype
+    (the test above reads each through a mount)."""
+    source = WRITERS[kind](tmp_path / f"{kind}.h5")
+    start = 512 if kind == "userblock" else 0
+    assert source.read_bytes()[start : start + 9] == b"\x89HDF\r\n\x1a\n" + bytes([version])
+    result = stfs_command("info", "--json", str(source))
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    found = {t["name"]: (t["dtype"], t["shape"]) for t in json.loads(result.stdout)["models"][0]["tensors"]}
+    assert found == {
+        name: (safetensors_dtype(dtype), shape) for name, (dtype, shape, _) in h5py_tensors(source).items()
+    }
 
 
 @pytest.mark.parametrize(
@@ -126,6 +149,33 @@ def test_keras_weights_and_a_keras_file_with_bfloat16(tmp_path: Path, mount: Mou
     assert json.loads((metadata / "model_weights.layer_names").read_text()) == ["first", "norm", "last"]
     assert json.loads(json.loads((metadata / "model_config").read_text()))["config"]["name"] == "net"
     assert json.loads(Path(mnt, "net", "metadata", "metadata.json").read_text())["keras_version"]
+
+
+@pytest.mark.parametrize("marker", ["bfloat16", b"bfloat16"], ids=["str", "bytes"])
+def test_a_bfloat16_stored_as_uint16_with_a_dtype_attribute_is_bf16(
+    tmp_path: Path, mount: MountFn, marker: str | bytes
+) -> None:
+    """A ``uint16`` dataset whose ``dtype`` attribute says ``bfloat16`` (a variable-length or a fixed-length
+    string) is BF16, its bytes as stored; without the attribute it stays U16."""
+    import ml_dtypes
+
+    values = np.linspace(-3, 5, 42, dtype=np.float32).reshape(6, 7).astype(ml_dtypes.bfloat16)
+    source = tmp_path / "bf16.h5"
+    with h5py.File(source, "w") as file:
+        file.create_dataset("dense/kernel", data=values.view(np.uint16)).attrs["dtype"] = marker
+        file.create_dataset("dense/chunked", data=values.view(np.uint16), chunks=(2, 3)).attrs["dtype"] = marker
+        file.create_dataset("dense/bits", data=values.view(np.uint16))
+    with h5py.File(source) as file:
+        assert file["dense/kernel"].dtype == np.uint16
+    mnt = mount(str(source), options=["view=f32"])
+    assert_same_as_h5py(source, mnt)
+    for name in ("dense.kernel", "dense.chunked"):
+        path = tensor_file(mnt, name)
+        assert os.getxattr(path, "user.hdf5.dtype") == b"BF16"
+        assert path.read_bytes() == values.tobytes()
+        f32 = np.frombuffer(tensor_file(mnt, name, "f32").read_bytes(), np.float32).reshape(6, 7)
+        assert np.array_equal(f32, values.astype(np.float32))
+    assert os.getxattr(tensor_file(mnt, "dense.bits"), "user.hdf5.dtype") == b"U16"
 
 
 def refused(tmp_path: Path, name: str, make: object) -> str:
