@@ -63,6 +63,16 @@ def layer_types(layout: Path, ref: str) -> list[str]:
     return [layer["mediaType"] for layer in manifest["layers"]]
 
 
+def assert_random_reads(path: Path, payload: bytes, seed: int, reads: int, longest: int = 600_000) -> None:
+    """``reads`` reads of ``path`` at random offsets, of 1 to ``longest`` bytes, each the same bytes as ``payload``."""
+    picks = random.Random(seed)
+    with open(path, "rb") as stream:
+        for _ in range(reads):
+            offset, count = picks.randrange(len(payload)), picks.randrange(1, longest)
+            stream.seek(offset)
+            assert stream.read(count) == payload[offset : offset + count], (offset, count)
+
+
 # -- modelcars built by the real tools ---------------------------------------------------------------------------------
 
 
@@ -185,13 +195,7 @@ def test_a_gzip_layer_is_read_at_random_after_one_pass(
     mnt = mount(f"oci://{blob_redirector.host}/{repo}:v1", options=[f"cache_dir={cache}"])
     after_pass = fetched()
     assert gz["size"] <= after_pass <= 1.1 * gz["size"] + MIB  # the one pass: the blob once
-    picks = random.Random(7)
-    with open(Path(mnt, "files", "models", "blob.bin"), "rb") as stream:
-        for _ in range(200):
-            offset = picks.randrange(len(payload))
-            count = picks.randrange(1, 3 * MIB)
-            stream.seek(offset)
-            assert stream.read(count) == payload[offset : offset + count], (offset, count)
+    assert_random_reads(Path(mnt, "files", "models", "blob.bin"), payload, seed=7, reads=200, longest=3 * MIB)
     assert fetched() <= 1.1 * gz["size"] + MIB  # reads come from the blocks the pass brought, not again
     kept = sorted(path.suffix for path in (cache / "gzip-index").iterdir())
     assert kept == [".index"]  # the member list and the zran index, in one file counted in --cache-dir-size
@@ -412,12 +416,7 @@ def test_zstd_layers_by_frame_or_whole(mount: MountFn, tmp_path: Path, compress:
     tar = layer_tar([("models/model.safetensors", model), ("models/blob.bin", payload)])
     layout = write_oci_layout(tmp_path / "layout", {"v1": image([tar], compress)})
     mnt = mount(str(layout), options=[f"cache_dir={tmp_path / 'cache'}"])
-    picks = random.Random(3)
-    with open(Path(mnt, "files", "models", "blob.bin"), "rb") as stream:
-        for _ in range(50):
-            offset, count = picks.randrange(len(payload)), picks.randrange(1, 600_000)
-            stream.seek(offset)
-            assert stream.read(count) == payload[offset : offset + count]
+    assert_random_reads(Path(mnt, "files", "models", "blob.bin"), payload, seed=3, reads=50)
     assert Path(mnt, "files", "models", "model.safetensors").read_bytes() == model
     whole = list((tmp_path / "cache" / "zstd-whole").glob("*.tar"))
     assert len(whole) == (1 if compress == "zstd" else 0)  # one frame: its output kept whole; frames: their index
@@ -457,12 +456,7 @@ def test_one_zstd_frame_is_read_once_into_memory_without_cache_dir(
     assert Path(mnt, "files", "models", "model.safetensors").read_bytes() == model
     assert Path(mnt, "files", "models", "blob.bin").read_bytes() == payload
     assert_same_tensors(mnt, mount(str(tmp_path / "model.safetensors")))
-    picks = random.Random(5)
-    with open(Path(mnt, "files", "models", "blob.bin"), "rb") as stream:
-        for _ in range(30):
-            offset, count = picks.randrange(len(payload)), picks.randrange(1, 600_000)
-            stream.seek(offset)
-            assert stream.read(count) == payload[offset : offset + count]
+    assert_random_reads(Path(mnt, "files", "models", "blob.bin"), payload, seed=5, reads=30)
     assert fetched() == after_pass  # read from memory, not from the blob again
 
 
