@@ -179,10 +179,11 @@ def served_by(
 def read_pty(master: int, process: subprocess.Popen, timeout: float = 60) -> bytes:
     """Everything written to the terminal until ``process`` ends."""
     received = b""
+    waiting = select.poll()  # not select(): a process that has opened a thousand files gets descriptors past 1023
+    waiting.register(master, select.POLLIN)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.1)
-        if ready:
+        if waiting.poll(100):
             try:
                 chunk = os.read(master, 65536)
             except OSError:  # the other end closed (EIO on Linux)
