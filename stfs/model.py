@@ -243,10 +243,14 @@ class _Folder:
 def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:
     """The models ``key`` names (docs/sources.md), without reading any safetensors header.
 
-    Without ``source``, ``key`` is a local path.
+    Without ``source``, ``key`` is a local path (the descriptors opened for it closed after).
     """
     if source is None:
-        source, key = LocalFiles(), os.path.abspath(key)
+        own = LocalFiles()
+        try:
+            return discover(os.path.abspath(key), own)
+        finally:
+            own.close()
     try:
         kind = source.kind(key)
         if kind is Kind.FOLDER:
@@ -379,8 +383,14 @@ def _model_name(relative: str) -> str:
 
 
 def load(model_source: ModelSource, source: ByteSource | None = None, progress: Progress | None = None) -> Model:
-    """Read and check every header of ``model_source``; raise on the first broken rule (all shards are checked)."""
-    source = source or LocalFiles()
+    """Read and check every header of ``model_source``; raise on the first broken rule (all shards are checked).
+    Without ``source``, local files (the descriptors opened for them closed after)."""
+    if source is None:
+        own = LocalFiles()
+        try:
+            return load(model_source, own, progress)
+        finally:
+            own.close()
     if model_source.is_index:
         return _with_group(_load_sharded(source, model_source, progress or Progress()), source)
     if model_source.is_split:
@@ -408,9 +418,14 @@ def _with_group(model: Model, source: ByteSource) -> Model:
 
 
 def resolve(key: str, source: ByteSource | None = None, progress: Progress | None = None) -> list[Model]:
-    """Every model ``key`` names, validated; without ``source``, ``key`` is a local path."""
+    """Every model ``key`` names, validated; without ``source``, ``key`` is a local path (the descriptors opened for it
+    closed after)."""
     if source is None:
-        source, key = LocalFiles(), os.path.abspath(key)
+        own = LocalFiles()
+        try:
+            return resolve(os.path.abspath(key), own, progress)
+        finally:
+            own.close()
     progress = progress or Progress()
     try:
         return load_all(discover(key, source), source, progress)

@@ -481,3 +481,22 @@ def test_one_shard_spelled_two_ways_is_read_once(tmp_path) -> None:  # noqa: ANN
     model = load(ModelSource(name="", path=index))
     assert sorted(shard.name for shard in model.shards) == sorted([first, second])
     assert len(model.tensors) == sum(len(arrays) for arrays in shards.values())
+
+
+def test_loading_local_files_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """``discover``, ``load`` and ``resolve`` given no source read local files and close what they opened: a program
+    (or a test run) that loads many models does not run out of descriptors."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    write_sharded(str(folder), sharded_arrays())
+    write_numpy(str(tmp_path / "one.safetensors"), rich_arrays())
+
+    def descriptors() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    before = descriptors()
+    for _ in range(3):
+        [sharded] = [load(found) for found in discover(str(folder))]
+        assert len(sharded.shards) == 2
+        assert [model.name for model in resolve(str(tmp_path))]
+    assert descriptors() <= before
