@@ -226,13 +226,10 @@ def threads_cpu(pid: int, name: str) -> float:
     its fetching threads ``stfs-fetch``; they live as long as it does)."""
     total = 0.0
     for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/task/{task}/comm") as stream:
-                if stream.read().strip() != name:
-                    continue
-            with open(f"/proc/{pid}/task/{task}/stat") as stream:
-                fields = stream.read().rpartition(")")[2].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        # /proc/TID/stat would be the whole process's times: the thread's own are under task/
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/comm") as stream:  # ended meanwhile
+            if stream.read().strip() == name:
+                total += cpu_seconds(pid, f"task/{task}/stat")
     return total
 
 

@@ -83,9 +83,9 @@ def cat_seconds(*paths: str | os.PathLike[str]) -> float:
     return time.perf_counter() - started
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stream:
+def cpu_seconds(pid: int, stat: str = "stat") -> float:
+    """User + system CPU time of process ``pid`` so far (``stat``: ``task/TID/stat``, one thread's)."""
+    with open(f"/proc/{pid}/{stat}") as stream:
         fields = stream.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

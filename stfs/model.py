@@ -12,6 +12,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -154,11 +155,8 @@ def read_header(key: str, source: ByteSource | None = None) -> Header:
     """Read and validate the header of the safetensors file ``key`` of ``source`` (default: a local path, whose
     descriptor is closed after it)."""
     if source is None:
-        own = LocalFiles()
-        try:
+        with closing(LocalFiles()) as own:
             return read_header(key, own)
-        finally:
-            own.close()
     try:
         info = source.stat(key)
     except OSError as exc:
@@ -246,11 +244,8 @@ def discover(key: str, source: ByteSource | None = None) -> list[ModelSource]:
     Without ``source``, ``key`` is a local path (the descriptors opened for it closed after).
     """
     if source is None:
-        own = LocalFiles()
-        try:
+        with closing(LocalFiles()) as own:
             return discover(os.path.abspath(key), own)
-        finally:
-            own.close()
     try:
         kind = source.kind(key)
         if kind is Kind.FOLDER:
@@ -386,11 +381,8 @@ def load(model_source: ModelSource, source: ByteSource | None = None, progress: 
     """Read and check every header of ``model_source``; raise on the first broken rule (all shards are checked).
     Without ``source``, local files (the descriptors opened for them closed after)."""
     if source is None:
-        own = LocalFiles()
-        try:
+        with closing(LocalFiles()) as own:
             return load(model_source, own, progress)
-        finally:
-            own.close()
     if model_source.is_index:
         return _with_group(_load_sharded(source, model_source, progress or Progress()), source)
     if model_source.is_split:
@@ -421,11 +413,8 @@ def resolve(key: str, source: ByteSource | None = None, progress: Progress | Non
     """Every model ``key`` names, validated; without ``source``, ``key`` is a local path (the descriptors opened for it
     closed after)."""
     if source is None:
-        own = LocalFiles()
-        try:
+        with closing(LocalFiles()) as own:
             return resolve(os.path.abspath(key), own, progress)
-        finally:
-            own.close()
     progress = progress or Progress()
     try:
         return load_all(discover(key, source), source, progress)

@@ -163,20 +163,24 @@ class ZstdLayer(CompressedLayer):
             if data is not None:
                 self._kept.move_to_end(number)
                 return data
-        import zstandard
-
-        start, end, lo, hi = self._frames[number]
-        try:
-            data = zstandard.ZstdDecompressor().decompress(
-                self._read(self.key, lo, hi - lo), max_output_size=end - start
-            )
-        except zstandard.ZstdError as exc:
-            raise OSError(f"{self.digest}: cannot decompress: {exc}") from None
+        data = self.inflate(self._frames[number])
         with self._lock:
             self._kept[number] = data
             if len(self._kept) > FRAMES_KEPT:
                 self._kept.popitem(last=False)
         return data
+
+    def inflate(self, frame: Frame) -> bytes:
+        """The output of ``frame``, its bytes read from the blob and decompressed."""
+        import zstandard
+
+        start, end, lo, hi = frame
+        try:
+            return zstandard.ZstdDecompressor().decompress(
+                self._read(self.key, lo, hi - lo), max_output_size=end - start
+            )
+        except zstandard.ZstdError as exc:
+            raise OSError(f"{self.digest}: cannot decompress: {exc}") from None
 
     def close(self) -> None:
         if self._whole is not None:
@@ -319,13 +323,10 @@ class _Pass(io.RawIOBase):
 
     def _spool_earlier_frames(self) -> None:
         """The output of the frames before the current one, decompressed again from the blob into the spool."""
-        for start, end, lo, hi in self.frames:
+        for frame in self.frames:
             if self.spool_full:
                 return
-            data = self._zstd.ZstdDecompressor().decompress(  # type: ignore[attr-defined]
-                self._layer._read(self._layer.key, lo, hi - lo), max_output_size=end - start
-            )
-            self._write(data)
+            self._write(self._layer.inflate(frame))
 
     def finish(self) -> None:
         """Read to the blob's end: every frame noted (the tar's end is not the stream's)."""
