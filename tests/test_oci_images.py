@@ -23,6 +23,7 @@ from tests.helpers import REPO, MountFn, on_a_terminal, run, stfs_command
 from tests.images import image, layer_tar, modelcar, skopeo_copy, tools_found
 from tests.models import rich_arrays, write_numpy
 from tests.registry import Registry, push, write_oci_layout, write_ollama_models
+from tests.test_fstab import wait_gone
 from tests.test_oci import assert_same_tensors, gguf_bytes, repository_files
 
 pytestmark = pytest.mark.timeout(180)
@@ -649,6 +650,9 @@ def test_a_zstd_frame_index_is_kept_and_a_later_mount_makes_no_pass(
     assert Path(first, "files", "models", "blob.bin").read_bytes()[-MIB:] == payload[-MIB:]
     [index] = (cache / "zstd-index").glob("*.index")
     assert not (cache / "zstd-whole").exists() or not list((cache / "zstd-whole").iterdir())
+    daemon = int(os.getxattr(first, "user.stfs.pid"))
+    assert stfs_command("unmount", first).returncode == 0  # its daemon done writing blocks to --cache-dir, then:
+    assert wait_gone(daemon)
     for folder in cache.iterdir():  # the blob's blocks gone, as --cache-dir-size deletes them: only the index left
         if folder.is_dir() and folder.name != "zstd-index":
             shutil.rmtree(folder)
